@@ -1,0 +1,186 @@
+"""The native API contract: requests, results and status reports, as pydantic models.
+
+These types are the edge of the service. The API validates requests against them (shape and
+sanity here, server maxima in ``api.policy``), the client returns them, and the queue carries
+them between nodes. Field names and defaults follow ``DESIGN.md`` exactly; other code, the
+load tests and CI rely on them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import posixpath
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SUPPORTED_LANGUAGES = ("python",)
+
+
+class Status(str, enum.Enum):
+    """How an execution ended. The first six are the program's doing; the rest are the service's.
+
+    - ``ok``: exited with status 0.
+    - ``error``: exited non-zero (an uncaught exception, ``sys.exit(3)``) or died of a signal
+      it raised itself (a segfault in native code, ``os.abort()``).
+    - ``timeout``: ran past its wall-clock or CPU limit and was killed.
+    - ``memory_limit``: ran out of its address-space limit (``MemoryError``).
+    - ``output_limit``: wrote more than the server's output cap and was killed.
+    - ``killed``: ended by SIGKILL that no limit of ours sent (for example the kernel, or the
+      service stopping before it finished).
+    - ``queue_timeout``: its deadline passed before it could start; it never ran.
+    - ``rejected``: the service refused to run it (shutting down); it never ran.
+    - ``internal_error``: the sandbox itself failed. Never the program's fault.
+    """
+
+    ok = "ok"
+    error = "error"
+    timeout = "timeout"
+    memory_limit = "memory_limit"
+    output_limit = "output_limit"
+    killed = "killed"
+    queue_timeout = "queue_timeout"
+    rejected = "rejected"
+    internal_error = "internal_error"
+
+
+class Mode(str, enum.Enum):
+    script = "script"
+    repl = "repl"
+
+
+def check_relative_path(path: str) -> str:
+    """A ``files`` key must stay inside the working directory once joined to it."""
+    if not path or "\x00" in path:
+        raise ValueError("file path must be a non-empty string without NUL bytes")
+    if path.startswith("/"):
+        raise ValueError(f"file path {path!r} is absolute; give a path relative to the working directory")
+    if ".." in path.split("/"):
+        raise ValueError(f"file path {path!r} leaves the working directory ('..')")
+    norm = posixpath.normpath(path)
+    if norm == ".":
+        raise ValueError(f"file path {path!r} names the working directory itself, not a file")
+    return norm
+
+
+class ExecuteRequest(BaseModel):
+    """One program to run. Server maxima (timeout, memory, code size) are checked by the API."""
+
+    model_config = ConfigDict(extra="forbid", use_enum_values=False)
+
+    code: str = Field(description="The program's source.")
+    stdin: str = Field(default="", description="Standard input given to the program.")
+    language: str = Field(default="python", description="Only 'python' is supported.")
+    timeout_s: float = Field(default=10.0, gt=0, description="Wall-clock limit in seconds.")
+    memory_mb: int = Field(default=1024, gt=0, description="Address-space limit in MiB.")
+    mode: Mode = Field(
+        default=Mode.script,
+        description="'repl' prints the repr of a final expression, as IPython does.",
+    )
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="Files written into the working directory first: relative path -> base64.",
+    )
+    id: str | None = Field(
+        default=None,
+        max_length=256,
+        description="Idempotency key: a request with an id seen before returns the stored result.",
+    )
+
+    @field_validator("language")
+    @classmethod
+    def _language(cls, value: str) -> str:
+        if value not in SUPPORTED_LANGUAGES:
+            raise ValueError(
+                f"language {value!r} is not supported; supported: {', '.join(SUPPORTED_LANGUAGES)}"
+            )
+        return value
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, value: dict[str, str]) -> dict[str, str]:
+        for path, data in value.items():
+            check_relative_path(path)
+            try:
+                base64.b64decode(data, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise ValueError(f"file {path!r}: content is not valid base64 ({exc})") from None
+        return value
+
+    def decoded_files(self) -> dict[str, bytes]:
+        return {check_relative_path(p): base64.b64decode(d) for p, d in self.files.items()}
+
+
+class ExecuteResult(BaseModel):
+    """What happened to one request. ``message`` says why for every status but ok and error."""
+
+    id: str | None = None
+    status: Status
+    exit_code: int | None = None
+    signal: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    wall_time_s: float = 0.0
+    cpu_time_s: float = 0.0
+    peak_memory_mb: float = 0.0
+    queue_time_s: float = 0.0
+    worker: str = ""
+    message: str = ""
+
+
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    requests: Annotated[list[ExecuteRequest], Field(min_length=1)]
+
+
+class BatchResponse(BaseModel):
+    results: list[ExecuteResult]
+
+
+class ErrorDetail(BaseModel):
+    """One problem with a request, shaped like FastAPI's own validation errors."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+    ctx: dict[str, object] | None = None
+
+
+class ErrorBody(BaseModel):
+    detail: list[ErrorDetail] | str
+
+
+class SlotState(BaseModel):
+    index: int
+    pid: int | None
+    busy: bool
+    executions: int
+    restarts: int
+    uid: int | None
+
+
+class WorkerInfo(BaseModel):
+    name: str
+    slots: int
+    busy: int
+    executions: int
+    last_seen_s: float = 0.0
+
+
+class StatusReport(BaseModel):
+    """``GET /v1/status``: what an operator or an autoscaler needs to know."""
+
+    mode: Literal["embedded", "redis"]
+    queue_depth: int
+    in_flight: int
+    workers: list[WorkerInfo]
+    slots: list[SlotState] = Field(default_factory=list)
+    isolation: dict[str, bool | str] = Field(default_factory=dict)
+    executions: dict[str, int] = Field(default_factory=dict)
+    reclaimed: int = 0
+    uptime_s: float = 0.0

@@ -1,0 +1,139 @@
+"""The one settings object: every knob of the service, from flags and ``SANDBOX_*`` variables.
+
+Built once at start-up and passed to whatever needs it; nothing reads the environment on its
+own. Each field's description is the text ``sandbox-service --help`` shows for its flag.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_PRELOAD = [
+    "numpy",
+    "sympy",
+    "math",
+    "cmath",
+    "fractions",
+    "decimal",
+    "itertools",
+    "functools",
+    "collections",
+    "statistics",
+    "random",
+    "re",
+    "json",
+]
+
+ISOLATION_LAYERS = ("net", "mount", "uid", "seccomp", "rlimits")
+
+CommaList = Annotated[list[str], NoDecode]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SANDBOX_", extra="ignore")
+
+    # Network front.
+    host: str = Field(default="127.0.0.1", description="Address the HTTP API listens on.")
+    port: int = Field(default=8000, ge=0, le=65535, description="Port the HTTP API listens on.")
+    log_level: str = Field(default="info", description="Log level: debug, info, warning, error.")
+
+    # Executor (mechanism).
+    slots: int = Field(
+        default_factory=lambda: os.cpu_count() or 1,
+        ge=1,
+        description="Concurrent executions on this node: one zygote process per slot.",
+    )
+    preload: CommaList = Field(
+        default_factory=lambda: list(DEFAULT_PRELOAD),
+        description="Modules each zygote imports once, so executions start with them loaded.",
+    )
+    warmup: str = Field(
+        default="",
+        description="Python run once in each zygote after the preloads (e.g. to fill caches).",
+    )
+    require_isolation: CommaList = Field(
+        default_factory=list,
+        description=(
+            "Isolation layers that must be active or start-up fails: "
+            f"any of {', '.join(ISOLATION_LAYERS)}."
+        ),
+    )
+    disable_isolation: CommaList = Field(
+        default_factory=list,
+        description="Isolation layers to turn off even where available (debugging only).",
+    )
+    uid_base: int = Field(
+        default=61000,
+        ge=1,
+        description="When run as root, slot i runs code as uid/gid uid_base+i.",
+    )
+    work_root: str = Field(
+        default="/tmp/sandbox-service",
+        description="Where working directories live when no private mount namespace is possible.",
+    )
+    tmpfs_mb: int = Field(
+        default=256,
+        ge=1,
+        description="Size of each execution's private /tmp (its working directory), in MiB.",
+    )
+    max_processes: int = Field(
+        default=64, ge=1, description="Processes and threads one execution may have at once."
+    )
+    max_open_files: int = Field(default=256, ge=16, description="Open files per process.")
+    max_file_mb: int = Field(default=64, ge=1, description="Largest file an execution may write.")
+    max_output_bytes: int = Field(
+        default=256 * 1024,
+        ge=1024,
+        description="Captured bytes per stream (stdout, stderr); more is truncated and killed.",
+    )
+
+    # API (policy).
+    max_timeout_s: float = Field(default=120.0, gt=0, description="Largest timeout_s accepted.")
+    max_memory_mb: int = Field(default=8192, gt=0, description="Largest memory_mb accepted.")
+    max_code_bytes: int = Field(
+        default=1024 * 1024, gt=0, description="Largest program accepted (413 beyond)."
+    )
+    max_input_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        gt=0,
+        description="Largest stdin plus decoded files of one request (413 beyond).",
+    )
+    max_batch: int = Field(default=1024, ge=1, description="Most requests in one batch.")
+
+    # Queue.
+    max_queue_depth: int = Field(
+        default=100_000, ge=1, description="Jobs waiting or running at most; beyond, 429."
+    )
+    max_queue_wait_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="A job not started this long after it was queued is answered queue_timeout.",
+    )
+    retry_after_s: int = Field(default=1, ge=1, description="Retry-After sent with a 429.")
+    result_ttl_s: float = Field(
+        default=600.0, ge=0, description="How long results are kept for idempotent re-submission."
+    )
+    graceful_shutdown_s: float = Field(
+        default=30.0, ge=0, description="On SIGTERM, how long in-flight work may take to finish."
+    )
+
+    @field_validator("preload", "require_isolation", "disable_isolation", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("require_isolation", "disable_isolation")
+    @classmethod
+    def _known_layers(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - set(ISOLATION_LAYERS))
+        if unknown:
+            raise ValueError(
+                f"unknown isolation layer(s) {unknown}; known: {', '.join(ISOLATION_LAYERS)}"
+            )
+        return value
