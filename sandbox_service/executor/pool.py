@@ -1,0 +1,89 @@
+"""The slots of one node: started together, checked against the required isolation, stopped.
+
+Which layers are active is what the zygotes found at start-up, reported as is; a layer the
+settings require that turns out to be unavailable is a start-up error, never a silent downgrade.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from sandbox_service.executor.slot import Slot, SlotStartError
+from sandbox_service.executor.zygote import ZygoteConfig
+from sandbox_service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+OPTIONAL_LAYERS = ("net", "mount", "uid", "seccomp")
+
+
+class IsolationUnavailable(RuntimeError):
+    """A required isolation layer is not available on this host."""
+
+
+def zygote_config(settings: Settings, index: int) -> ZygoteConfig:
+    uid = settings.uid_base + index if os.geteuid() == 0 else None
+    return ZygoteConfig(
+        slot=index,
+        uid=uid,
+        gid=uid,
+        layers=[layer for layer in OPTIONAL_LAYERS if layer not in settings.disable_isolation],
+        preload=list(settings.preload),
+        warmup=settings.warmup,
+        work_root=settings.work_root,
+        hide_paths=list(settings.hide_paths),
+        tmpfs_mb=settings.tmpfs_mb,
+        max_processes=settings.max_processes,
+        max_open_files=settings.max_open_files,
+        max_file_mb=settings.max_file_mb,
+        max_output_bytes=settings.max_output_bytes,
+    )
+
+
+class SlotPool:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.slots = [Slot(zygote_config(settings, i)) for i in range(settings.slots)]
+        self.isolation: dict[str, bool | str] = {}
+        self.zygote: dict[str, Any] = {}
+
+    async def start(self) -> None:
+        outcomes = await asyncio.gather(*(s.start() for s in self.slots), return_exceptions=True)
+        errors = [o for o in outcomes if isinstance(o, BaseException)]
+        if errors:
+            await self.stop()
+            raise SlotStartError("; ".join(str(e) for e in errors))
+        first = self.slots[0].ready
+        self.isolation = dict(first["isolation"])
+        self.zygote = {
+            key: first.get(key)
+            for key in ("rss_mb", "address_space_mb", "huge_pages_mb", "preload_failed")
+        }
+        missing = [
+            layer
+            for layer in self.settings.require_isolation
+            if self.isolation.get(layer) is not True
+        ]
+        if missing:
+            await self.stop()
+            why = "; ".join(
+                f"{m}: {self.isolation.get(f'{m}_note', 'unavailable')}" for m in missing
+            )
+            raise IsolationUnavailable(f"required isolation unavailable: {why}")
+        active = [k for k, v in self.isolation.items() if v is True]
+        inactive = {k: self.isolation.get(f"{k}_note", "off") for k in OPTIONAL_LAYERS
+                    if self.isolation.get(k) is not True}  # fmt: skip
+        log.info("%d slots up; isolation active: %s", len(self.slots), ", ".join(active))
+        for layer, note in inactive.items():
+            log.warning("isolation layer %s inactive: %s", layer, note)
+        for failure in self.zygote["preload_failed"] or []:
+            log.warning("preload failed: %s", failure)
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(s.stop() for s in self.slots), return_exceptions=True)
+
+    def live(self) -> int:
+        return sum(1 for s in self.slots if s.alive)

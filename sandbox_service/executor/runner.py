@@ -1,0 +1,131 @@
+"""The child's last step: run the user's program in a fresh ``__main__`` and exit like Python.
+
+Runs after confinement, inside the forked child. Output, tracebacks and exit codes match
+``python -c CODE`` (filename ``<string>``), except that tracebacks also show the source
+lines. ``repl`` mode prints the repr of a final expression, as IPython and the rStar2 tool do.
+The only thing reported besides stdout, stderr and the exit status is whether an uncaught
+``MemoryError`` ended the program, written to the status descriptor.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import linecache
+import os
+import sys
+import traceback
+import types
+
+FILENAME = "<string>"
+STATUS_FD = 3
+MEMORY_ERROR = b"memory_error\n"
+
+
+def _fresh_main() -> dict:
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main
+    return main.__dict__
+
+
+def _compile(code: str, mode: str) -> tuple[types.CodeType, types.CodeType | None]:
+    """Return (body, final expression or None); raises SyntaxError like Python would."""
+    if mode != "repl":
+        return compile(code, FILENAME, "exec"), None
+    tree = ast.parse(code, FILENAME, "exec")
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+        return compile(tree, FILENAME, "exec"), compile(last, FILENAME, "eval")
+    return compile(tree, FILENAME, "exec"), None
+
+
+def _exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed or broken stream must not change the verdict
+            pass
+
+
+def run(code: str, mode: str) -> int:
+    """Execute ``code``; return the process exit status Python itself would give."""
+    linecache.cache[FILENAME] = (len(code), None, code.splitlines(True), FILENAME)
+    namespace = _fresh_main()
+    try:
+        body, last = _compile(code, mode)
+        exec(body, namespace)
+        if last is not None:
+            value = eval(last, namespace)
+            if value is not None:
+                print(repr(value))
+        return 0
+    except SystemExit as exc:
+        return _exit_code(exc)
+    except BaseException as exc:  # the program's own error: report it as Python does
+        if isinstance(exc, MemoryError):
+            try:
+                os.write(STATUS_FD, MEMORY_ERROR)
+            except OSError:
+                pass
+        tb = exc.__traceback__
+        # Drop this function's frame so the traceback starts at the user's code.
+        tb = tb.tb_next if tb is not None and not isinstance(exc, SyntaxError) else tb
+        try:
+            traceback.print_exception(type(exc), exc, tb)
+        except MemoryError:
+            print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+def reset_interpreter(workdir: str) -> None:
+    """Give the child the state a fresh ``python -c`` would have, not the zygote's."""
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace"
+    )
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+        line_buffering=True,
+    )  # fmt: skip
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+    sys.argv = ["-c"]
+    sys.path[0] = ""
+    if os.environ.get("HOME") != workdir:  # the zygote set everything else already
+        os.environ["HOME"] = os.environ["TMPDIR"] = workdir
+    # Every child starts from the zygote's memory: without this, each execution would draw
+    # the same numpy "random" numbers (the random module reseeds itself after fork).
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        np_random.seed(int.from_bytes(os.urandom(4), "little"))
+
+
+def environment(workdir: str) -> dict[str, str]:
+    """The whole environment of user code: nothing of the service's."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "LANG": "C.UTF-8",
+        "PYTHONIOENCODING": "utf-8",
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+
+
+def main(code: str, mode: str, workdir: str) -> None:
+    reset_interpreter(workdir)
+    status = run(code, mode)
+    _flush()
+    os._exit(status)
