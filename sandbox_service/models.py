@@ -56,7 +56,9 @@ def check_relative_path(path: str) -> str:
     if not path or "\x00" in path:
         raise ValueError("file path must be a non-empty string without NUL bytes")
     if path.startswith("/"):
-        raise ValueError(f"file path {path!r} is absolute; give a path relative to the working directory")
+        raise ValueError(
+            f"file path {path!r} is absolute; give a path relative to the working directory"
+        )
     if ".." in path.split("/"):
         raise ValueError(f"file path {path!r} leaves the working directory ('..')")
     norm = posixpath.normpath(path)
@@ -181,6 +183,12 @@ class StatusReport(BaseModel):
     workers: list[WorkerInfo]
     slots: list[SlotState] = Field(default_factory=list)
     isolation: dict[str, bool | str] = Field(default_factory=dict)
+    zygote: dict[str, object] = Field(
+        default_factory=dict, description="Preloaded interpreter: resident MiB, failed preloads."
+    )
     executions: dict[str, int] = Field(default_factory=dict)
     reclaimed: int = 0
+    limits: dict[str, float | int] = Field(
+        default_factory=dict, description="Server maxima: max_batch, max_timeout_s, ..."
+    )
     uptime_s: float = 0.0

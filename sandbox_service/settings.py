@@ -12,6 +12,8 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from sandbox_service.executor.warmup import DEFAULT_WARMUP
+
 DEFAULT_PRELOAD = [
     "numpy",
     "sympy",
@@ -52,8 +54,11 @@ class Settings(BaseSettings):
         description="Modules each zygote imports once, so executions start with them loaded.",
     )
     warmup: str = Field(
-        default="",
-        description="Python run once in each zygote after the preloads (e.g. to fill caches).",
+        default=DEFAULT_WARMUP,
+        description=(
+            "Python run once in each zygote after the preloads, so children start warm "
+            "(default: common sympy and numpy calls; empty to skip)."
+        ),
     )
     require_isolation: CommaList = Field(
         default_factory=list,
@@ -74,6 +79,10 @@ class Settings(BaseSettings):
     work_root: str = Field(
         default="/tmp/sandbox-service",
         description="Where working directories live when no private mount namespace is possible.",
+    )
+    hide_paths: CommaList = Field(
+        default_factory=lambda: ["/root", "/home"],
+        description="Host directories executions cannot see (the interpreter's files excepted).",
     )
     tmpfs_mb: int = Field(
         default=256,
@@ -103,6 +112,7 @@ class Settings(BaseSettings):
         description="Largest stdin plus decoded files of one request (413 beyond).",
     )
     max_batch: int = Field(default=1024, ge=1, description="Most requests in one batch.")
+    max_body_mb: int = Field(default=64, ge=1, description="Largest HTTP request body, in MiB.")
 
     # Queue.
     max_queue_depth: int = Field(
@@ -121,7 +131,9 @@ class Settings(BaseSettings):
         default=30.0, ge=0, description="On SIGTERM, how long in-flight work may take to finish."
     )
 
-    @field_validator("preload", "require_isolation", "disable_isolation", mode="before")
+    @field_validator(
+        "preload", "require_isolation", "disable_isolation", "hide_paths", mode="before"
+    )
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):

@@ -1,0 +1,109 @@
+"""``create_app(settings)``: the FastAPI application, its routers, and the runtime's lifespan.
+
+The runtime (embedded slots, or a Redis queue on an API node) is created by the caller or
+here, and started and stopped by the lifespan, never at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import sandbox_service
+from sandbox_service.api import errors, health, native
+from sandbox_service.api.errors import BodyTooLarge
+from sandbox_service.models import BatchRequest, ExecuteRequest
+from sandbox_service.runtime import EmbeddedRuntime, Runtime
+from sandbox_service.settings import Settings
+
+DESCRIPTION = """\
+Runs untrusted Python fast and isolated, for agentic RL tool calls. Send one program to
+`/v1/execute` or many to `/v1/execute/batch`; every request is answered with a result whose
+`status` says how it ended (`ok`, `error`, `timeout`, `memory_limit`, `output_limit`,
+`killed`) or why it did not run (`queue_timeout`, `rejected`, `internal_error`).
+"""
+
+
+class BodyLimit:
+    """Refuse bodies over the limit before reading them whole (413)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                body = f'{{"detail": "request body exceeds {self.max_bytes} bytes"}}'.encode()
+                await send({"type": "http.response.start", "status": 413,
+                            "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+                await send({"type": "http.response.body", "body": body})
+                return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise BodyTooLarge(self.max_bytes)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+def _with_request_schemas(app: FastAPI, models: list[type[BaseModel]]) -> None:
+    """Routes that parse their own bodies still publish the request schemas."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in models:
+            model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            for name, definition in model_schema.pop("$defs", {}).items():
+                components.setdefault(name, definition)
+            components[model.__name__] = model_schema
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
+    rt: Runtime = runtime if runtime is not None else EmbeddedRuntime(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await rt.start()
+        try:
+            yield
+        finally:
+            await rt.stop()
+
+    app = FastAPI(
+        title="sandbox-service",
+        version=sandbox_service.__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.runtime = rt
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_mb * 1024 * 1024)
+    app.include_router(native.router)
+    app.include_router(health.router)
+    errors.install(app)
+    _with_request_schemas(app, [ExecuteRequest, BatchRequest])
+    return app

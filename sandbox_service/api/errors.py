@@ -1,0 +1,85 @@
+"""Error bodies and handlers: every refusal is JSON that names the field and the limit.
+
+Validation problems keep FastAPI's own shape (``{"detail": [{"loc", "msg", "type", "ctx"}]}``)
+so that clients that already understand FastAPI's 422 understand ours; refusals of a whole
+request (429, 503, 413 for an oversized body) carry ``{"detail": "why"}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from sandbox_service.models import ErrorDetail
+from sandbox_service.queue.base import QueueFull, QueueUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class RequestRejected(Exception):
+    """The request breaks the contract or a server limit: 413 or 422 with the reasons."""
+
+    def __init__(self, status_code: int, details: list[ErrorDetail]) -> None:
+        self.status_code = status_code
+        self.details = details
+        super().__init__("; ".join(f"{'.'.join(map(str, d.loc))}: {d.msg}" for d in details))
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"request body exceeds {limit} bytes")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def from_validation_error(
+    exc: ValidationError, prefix: tuple[str, ...] = ("body",)
+) -> RequestRejected:
+    details = []
+    for err in exc.errors(include_url=False):
+        ctx = {k: _jsonable(v) for k, v in (err.get("ctx") or {}).items()} or None
+        msg = err["msg"]
+        if err["type"] == "json_invalid":
+            msg = f"body is not valid JSON (UTF-8): {ctx.get('error') if ctx else msg}"
+        details.append(ErrorDetail(loc=[*prefix, *err["loc"]], msg=msg, type=err["type"], ctx=ctx))
+    return RequestRejected(422, details)
+
+
+def _detail(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": message}, status_code=status, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(RequestRejected)
+    async def _rejected(request: Request, exc: RequestRejected) -> JSONResponse:
+        body = {"detail": [d.model_dump(exclude_none=True) for d in exc.details]}
+        return JSONResponse(body, status_code=exc.status_code)
+
+    @app.exception_handler(BodyTooLarge)
+    async def _too_large(request: Request, exc: BodyTooLarge) -> JSONResponse:
+        return _detail(413, f"{exc}; split the batch or raise SANDBOX_MAX_BODY_MB")
+
+    @app.exception_handler(QueueFull)
+    async def _full(request: Request, exc: QueueFull) -> JSONResponse:
+        request.app.state.runtime.metrics.refused.labels("429").inc()
+        return _detail(429, str(exc), {"Retry-After": str(exc.retry_after)})
+
+    @app.exception_handler(QueueUnavailable)
+    async def _unavailable(request: Request, exc: QueueUnavailable) -> JSONResponse:
+        request.app.state.runtime.metrics.refused.labels("503").inc()
+        retry = str(request.app.state.settings.retry_after_s)
+        return _detail(503, str(exc), {"Retry-After": retry})
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return _detail(500, f"internal error: {type(exc).__name__}: {exc}")

@@ -1,0 +1,79 @@
+"""The native API: ``POST /v1/execute`` and ``POST /v1/execute/batch``, as DESIGN.md fixes them.
+
+Bodies are parsed straight from bytes by pydantic (faster than FastAPI's json-then-validate,
+and indifferent to the Content-Type a quick ``curl -d`` sends); the schemas still appear in
+the OpenAPI document. Results of a batch come back in request order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ValidationError
+
+from sandbox_service.api import policy
+from sandbox_service.api.errors import from_validation_error
+from sandbox_service.models import (
+    BatchRequest,
+    BatchResponse,
+    ErrorBody,
+    ExecuteRequest,
+    ExecuteResult,
+)
+
+router = APIRouter(tags=["execute"])
+M = TypeVar("M", bound=BaseModel)
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    413: {"model": ErrorBody, "description": "code, inputs or body over the server's limit"},
+    422: {"model": ErrorBody, "description": "invalid request; each problem names its field"},
+    429: {"model": ErrorBody, "description": "queue full; retry after the Retry-After header"},
+    503: {"model": ErrorBody, "description": "shutting down or queue unreachable"},
+}
+
+
+def body_of(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI request body referring to ``model`` (its schema is added by create_app)."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+async def parse(request: Request, model: type[M]) -> M:
+    body = await request.body()
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+def json_response(model: BaseModel) -> Response:
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
+@router.post(
+    "/v1/execute",
+    response_model=ExecuteResult,
+    responses=ERRORS,
+    openapi_extra=body_of(ExecuteRequest),
+    summary="Run one program",
+)
+async def execute(request: Request) -> Response:
+    execute_request = await parse(request, ExecuteRequest)
+    policy.check_one(execute_request, request.app.state.settings)
+    [result] = await request.app.state.runtime.queue.submit([execute_request])
+    return json_response(result)
+
+
+@router.post(
+    "/v1/execute/batch",
+    response_model=BatchResponse,
+    responses=ERRORS,
+    openapi_extra=body_of(BatchRequest),
+    summary="Run many programs; results in request order",
+)
+async def execute_batch(request: Request) -> Response:
+    batch = await parse(request, BatchRequest)
+    policy.check_batch(batch.requests, request.app.state.settings)
+    results = await request.app.state.runtime.queue.submit(batch.requests)
+    return json_response(BatchResponse(results=results))

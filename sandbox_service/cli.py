@@ -1,0 +1,194 @@
+"""The ``sandbox-service`` command: ``serve`` (embedded service) and ``run FILE`` (one execution).
+
+Every setting is a flag and a ``SANDBOX_*`` variable; flags win. ``--help`` on a command
+lists them all with their defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+from pydantic_core import PydanticUndefined
+
+from sandbox_service.models import ExecuteRequest, ExecuteResult, Mode, Status
+from sandbox_service.settings import Settings
+
+Command = Callable[[argparse.Namespace, Settings], int]
+COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None] | None]] = {}
+
+
+def command(name: str, summary: str, extra: Callable[[argparse.ArgumentParser], None] | None = None,
+            ) -> Callable[[Command], Command]:  # fmt: skip
+    def register(fn: Command) -> Command:
+        COMMANDS[name] = (summary, fn, extra)
+        return fn
+
+    return register
+
+
+def _default_text(name: str) -> str:
+    field = Settings.model_fields[name]
+    if field.default is not PydanticUndefined:
+        value = field.default
+    elif field.default_factory is not None:
+        value = field.default_factory()  # type: ignore[call-arg]
+        if name == "slots":
+            return "number of CPUs"
+    else:
+        return "required"
+    if isinstance(value, list):
+        return ",".join(value) or "none"
+    if name == "warmup":
+        return "common sympy and numpy calls"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def add_settings(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("settings (flag, or SANDBOX_<NAME> in the environment)")
+    for name, field in Settings.model_fields.items():
+        group.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=f"setting_{name}",
+            default=argparse.SUPPRESS,
+            metavar=name.upper(),
+            help=f"{field.description} [default: {_default_text(name)}]",
+        )
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    overrides = {
+        k.removeprefix("setting_"): v for k, v in vars(args).items() if k.startswith("setting_")
+    }
+    return Settings(**overrides)
+
+
+# ---------------------------------------------------------------- serve
+
+
+@command("serve", "run the service: HTTP API and local slots in one process, no Redis needed")
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from sandbox_service.server import serve
+
+    serve(settings)
+    return 0
+
+
+# ---------------------------------------------------------------- run
+
+
+def _run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="Python file to run ('-' reads standard input)")
+    parser.add_argument("--stdin-file", help="file whose content is the program's stdin")
+    parser.add_argument("--timeout", type=float, default=10.0, help="wall-clock limit, seconds")
+    parser.add_argument("--memory", type=int, default=1024, help="address-space limit, MiB")
+    parser.add_argument("--repl", action="store_true", help="print the repr of a final expression")
+    parser.add_argument("--url", help="send to a running service instead of starting a slot")
+    parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
+
+
+async def _run_locally(request: ExecuteRequest, settings: Settings) -> ExecuteResult:
+    from sandbox_service.runtime import EmbeddedRuntime
+
+    runtime = EmbeddedRuntime(settings.model_copy(update={"slots": 1}), name="cli")
+    await runtime.start()
+    try:
+        [result] = await runtime.queue.submit([request])
+        return result
+    finally:
+        await runtime.stop()
+
+
+async def _run_remotely(request: ExecuteRequest, url: str) -> ExecuteResult:
+    from sandbox_service.client import AsyncSandboxClient
+
+    async with AsyncSandboxClient(url) as client:
+        return await client.execute(request)
+
+
+def exit_status(result: ExecuteResult) -> int:
+    """The program's own exit code; 124 for a timeout (as GNU timeout); 1 for other failures."""
+    if result.exit_code is not None and result.status in (
+        Status.ok,
+        Status.error,
+        Status.memory_limit,
+    ):
+        return result.exit_code
+    return 124 if result.status is Status.timeout else (0 if result.status is Status.ok else 1)
+
+
+@command(
+    "run", "run one file in a sandbox and print what it printed and how it ended", _run_options
+)
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    source = sys.stdin.read() if args.file == "-" else Path(args.file).read_text("utf-8")
+    stdin = Path(args.stdin_file).read_text("utf-8") if args.stdin_file else ""
+    request = ExecuteRequest(
+        code=source,
+        stdin=stdin,
+        timeout_s=args.timeout,
+        memory_mb=args.memory,
+        mode=Mode.repl if args.repl else Mode.script,
+    )
+    if args.url:
+        result = asyncio.run(_run_remotely(request, args.url))
+    else:
+        result = asyncio.run(_run_locally(request, settings))
+    if args.json:
+        print(json.dumps(result.model_dump(mode="json"), indent=2))
+    else:
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        why = f" ({result.message})" if result.message else ""
+        print(
+            f"[sandbox] {result.status.value}{why}: exit_code={result.exit_code} "
+            f"signal={result.signal} wall={result.wall_time_s:.3f}s cpu={result.cpu_time_s:.3f}s "
+            f"peak={result.peak_memory_mb:.0f}MiB",
+            file=sys.stderr,
+        )
+    return exit_status(result)
+
+
+# ---------------------------------------------------------------- main
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="sandbox-service",
+        description="Fast, isolated execution of model-written Python for agentic RL.",
+    )
+    subs = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (summary, _, extra) in COMMANDS.items():
+        sub = subs.add_parser(name, help=summary, description=summary)
+        if extra is not None:
+            extra(sub)
+        add_settings(sub)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        settings = settings_from(args)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            where = ".".join(str(p) for p in err["loc"])
+            print(f"sandbox-service: invalid setting {where}: {err['msg']}", file=sys.stderr)
+        return 2
+    _, fn, _ = COMMANDS[args.command]
+    try:
+        return fn(args, settings)
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:
+        print(f"sandbox-service: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Start an embedded service as a child process and wait until it is ready.
+
+For programs that need a sandbox and were not given a URL (the trainer, the load generator,
+tests): ``with launch(slots=2) as service: ... service.url ...``. The service is a real
+``sandbox-service serve`` process on a free loopback port, stopped with SIGTERM on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServiceProcess:
+    url: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: str
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def _env(settings: dict[str, Any], port: int, extra_env: dict[str, str] | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
+    env.update(extra_env or {})
+    for name, value in settings.items():
+        text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+        env[f"SANDBOX_{name.upper()}"] = text
+    env["SANDBOX_HOST"] = "127.0.0.1"
+    env["SANDBOX_PORT"] = str(port)
+    return env
+
+
+def start(
+    log_path: str,
+    ready_timeout_s: float = 120.0,
+    extra_env: dict[str, str] | None = None,
+    **settings: Any,
+) -> ServiceProcess:
+    """Start ``sandbox-service serve`` with ``settings`` (names of Settings fields)."""
+    port = free_port()
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sandbox_service.cli", "serve"],
+            env=_env(settings, port, extra_env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    service = ServiceProcess(f"http://127.0.0.1:{port}", port, process, log_path)
+    deadline = time.monotonic() + ready_timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise LaunchError(f"service exited with {process.returncode}:\n{service.log()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{service.url}/readyz", timeout=2).status_code == 200:
+                return service
+        time.sleep(0.1)
+    service.stop()
+    raise LaunchError(f"service not ready after {ready_timeout_s} s:\n{service.log()[-3000:]}")
+
+
+@contextlib.contextmanager
+def launch(log_path: str | None = None, **settings: Any) -> Iterator[ServiceProcess]:
+    """Context manager around ``start``; the log goes to a temporary file unless given."""
+    path = log_path or os.path.join(
+        os.environ.get("TMPDIR", "/tmp"), f"sandbox-service-{os.getpid()}-{free_port()}.log"
+    )
+    service = start(path, **settings)
+    try:
+        yield service
+    finally:
+        service.stop()

@@ -1,0 +1,133 @@
+"""The queue interface: the API submits requests and awaits results; workers take jobs.
+
+Two faces of one transport. ``Queue`` is what an API node sees (submit a batch, wait for its
+results in order, report depth); ``JobSource`` is what a worker sees (take a job, return its
+result, or hand it back for another attempt). The in-process queue implements both; the Redis
+queue splits them across machines. The API never knows which one it has.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
+
+MAX_ATTEMPTS = 2  # a job whose zygote died under it runs once more, then is answered
+
+
+class QueueFull(Exception):
+    """Admitting the batch would exceed the queue's maximum depth (HTTP 429)."""
+
+    def __init__(self, depth: int, limit: int, wanted: int, retry_after: int) -> None:
+        self.depth, self.limit, self.wanted, self.retry_after = depth, limit, wanted, retry_after
+        super().__init__(
+            f"queue is full: {depth} jobs waiting or running, {wanted} more asked, "
+            f"at most {limit}; retry after {retry_after} s"
+        )
+
+
+class QueueUnavailable(Exception):
+    """The queue cannot take work now: shutting down, or its backing store is unreachable
+    (HTTP 503)."""
+
+
+@dataclass(eq=False)
+class Job:
+    request: ExecuteRequest
+    enqueued_at: float  # wall clock, comparable across machines
+    start_by: float  # not started by then: queue_timeout
+    attempts: int = 0
+    key: str = ""
+    future: asyncio.Future[ExecuteResult] | None = field(default=None, repr=False)
+
+
+def result_for(job: Job, status: Status, message: str, worker: str = "") -> ExecuteResult:
+    """An answer for a job that did not (or not completely) run."""
+    return ExecuteResult(
+        id=job.request.id,
+        status=status,
+        queue_time_s=round(max(0.0, time.time() - job.enqueued_at), 6),
+        worker=worker,
+        message=message,
+    )
+
+
+def queue_timeout(job: Job, max_wait_s: float, worker: str = "") -> ExecuteResult:
+    return result_for(
+        job, Status.queue_timeout, f"not started within {max_wait_s:g} s of being queued", worker
+    )
+
+
+class ResultCache:
+    """Results of requests that carried an ``id``, kept ``ttl_s`` seconds for re-submission."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._items: OrderedDict[str, tuple[float, ExecuteResult]] = OrderedDict()
+
+    def get(self, key: str) -> ExecuteResult | None:
+        item = self._items.get(key)
+        if item is None or item[0] < time.monotonic():
+            return None
+        return item[1]
+
+    def put(self, key: str, result: ExecuteResult) -> None:
+        if self.ttl_s <= 0:
+            return
+        now = time.monotonic()
+        self._items[key] = (now + self.ttl_s, result)
+        self._items.move_to_end(key)
+        while self._items:
+            oldest = next(iter(self._items.values()))
+            if oldest[0] >= now:
+                break
+            self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class Queue(abc.ABC):
+    """What an API node talks to."""
+
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    @abc.abstractmethod
+    async def submit(self, requests: Sequence[ExecuteRequest]) -> list[ExecuteResult]:
+        """Run every request; results in request order. Raises QueueFull, QueueUnavailable."""
+
+    @abc.abstractmethod
+    def begin_shutdown(self) -> None:
+        """Stop admitting work; what is admitted is still answered."""
+
+    @abc.abstractmethod
+    async def depth(self) -> tuple[int, int]:
+        """(waiting, running)."""
+
+    @abc.abstractmethod
+    async def ready(self) -> tuple[bool, str]:
+        """Whether work submitted now would be run, and if not why."""
+
+
+class JobSource(Protocol):
+    """What a worker talks to."""
+
+    async def get(self) -> Job | None:
+        """The next job to run, or None once the source is closed."""
+        ...
+
+    async def done(self, job: Job, result: ExecuteResult) -> None: ...
+
+    async def retry(self, job: Job) -> None:
+        """Put a job back for another attempt (its slot died under it)."""
+        ...

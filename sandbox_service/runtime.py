@@ -1,0 +1,139 @@
+"""What an API process runs behind its routes: the embedded runtime (queue + slots in-process).
+
+A runtime owns the queue the routes submit to and whatever executes the jobs, and knows how
+to report on them and shut them down. The Redis API node has its own runtime with the same
+shape and no slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Protocol
+
+from sandbox_service.executor.pool import SlotPool
+from sandbox_service.metrics import Metrics
+from sandbox_service.models import SlotState, StatusReport, WorkerInfo
+from sandbox_service.queue.base import Queue
+from sandbox_service.queue.local import LocalQueue
+from sandbox_service.settings import Settings
+from sandbox_service.worker import Worker, default_name
+
+log = logging.getLogger(__name__)
+
+
+def limits(settings: Settings) -> dict[str, float | int]:
+    """The policy maxima a client needs to know (batch size, timeouts) to size its requests."""
+    return {
+        "max_batch": settings.max_batch,
+        "max_timeout_s": settings.max_timeout_s,
+        "max_memory_mb": settings.max_memory_mb,
+        "max_code_bytes": settings.max_code_bytes,
+        "max_input_bytes": settings.max_input_bytes,
+        "max_output_bytes": settings.max_output_bytes,
+        "max_queue_depth": settings.max_queue_depth,
+        "max_queue_wait_s": settings.max_queue_wait_s,
+    }
+
+
+class Runtime(Protocol):
+    settings: Settings
+    queue: Queue
+    metrics: Metrics
+
+    async def start(self) -> None: ...
+
+    def begin_shutdown(self) -> None:
+        """SIGTERM: take no new work; answer what is queued within the grace period."""
+        ...
+
+    async def stop(self) -> None: ...
+
+    async def status(self) -> StatusReport: ...
+
+    async def ready(self) -> tuple[bool, str]: ...
+
+
+class EmbeddedRuntime:
+    """``sandbox-service serve``: API, queue and slots in one process tree."""
+
+    def __init__(self, settings: Settings, name: str | None = None) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.pool = SlotPool(settings)
+        self.queue = LocalQueue(settings)
+        self.worker = Worker(self.pool, self.queue, settings, self.metrics, name or default_name())
+        self.started_at = time.monotonic()
+        self._deadline: asyncio.TimerHandle | None = None
+
+    async def start(self) -> None:
+        await self.pool.start()
+        await self.queue.start()
+        self.metrics.watch(self.metrics.queue_depth, lambda: len(self.queue._waiting))
+        self.metrics.watch(self.metrics.in_flight, lambda: self.queue._running)
+        self.worker.start()
+
+    def begin_shutdown(self) -> None:
+        if self._deadline is not None:
+            return
+        self.queue.begin_shutdown()
+        grace = self.settings.graceful_shutdown_s
+        log.info("shutting down: no new work; %.0f s for queued and running work", grace)
+        self._deadline = asyncio.get_running_loop().call_later(grace, self._grace_over)
+
+    def _grace_over(self) -> None:
+        rejected = self.queue.reject_waiting(
+            "the service is shutting down and this request had not started; it did not run"
+        )
+        if rejected:
+            log.warning("grace period over: %d queued requests answered 'rejected'", rejected)
+
+    async def stop(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self.queue.begin_shutdown()
+        await self.queue.close()  # what never started is answered 'rejected'
+        await self.worker.stop(grace_s=1.0)  # what is still running is answered 'killed'
+        await self.pool.stop()
+
+    async def ready(self) -> tuple[bool, str]:
+        ok, why = await self.queue.ready()
+        if not ok:
+            return ok, why
+        if self.pool.live() == 0:
+            return False, "no slot is running"
+        return True, ""
+
+    async def status(self) -> StatusReport:
+        waiting, running = await self.queue.depth()
+        slots = [
+            SlotState(
+                index=s.index,
+                pid=s.pid,
+                busy=s.busy,
+                executions=s.executions,
+                restarts=s.restarts,
+                uid=s.cfg.uid if self.pool.isolation.get("uid") is True else None,
+            )
+            for s in self.pool.slots
+        ]
+        return StatusReport(
+            mode="embedded",
+            queue_depth=waiting,
+            in_flight=running,
+            workers=[
+                WorkerInfo(
+                    name=self.worker.name,
+                    slots=len(self.pool.slots),
+                    busy=self.worker.busy,
+                    executions=self.worker.executions,
+                )
+            ],
+            slots=slots,
+            isolation=self.pool.isolation,
+            zygote=self.pool.zygote,
+            executions=dict(self.metrics.by_status),
+            limits=limits(self.settings),
+            uptime_s=round(time.monotonic() - self.started_at, 3),
+        )

@@ -1,0 +1,150 @@
+"""The worker loop: each slot takes jobs from a source, runs them, and hands back results.
+
+The same loop serves the embedded mode (source: the in-process queue) and worker nodes
+(source: Redis). One task per slot, so a slot that is restarting takes no jobs and the
+others carry on. Every job taken is answered: run, ``queue_timeout`` if its start deadline
+passed, retried once if its zygote died under it, ``internal_error`` after that, or
+``killed`` if the worker is stopped before it finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+from sandbox_service.executor.pool import SlotPool
+from sandbox_service.executor.slot import Slot, SlotCrashed, SlotStartError
+from sandbox_service.metrics import Metrics
+from sandbox_service.models import ExecuteResult, Status
+from sandbox_service.queue.base import MAX_ATTEMPTS, Job, JobSource, queue_timeout, result_for
+from sandbox_service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+RESTART_PAUSE_S = 5.0
+
+
+def default_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def zygote_request(job: Job) -> dict[str, Any]:
+    """The executor's view of a request: what to run and under which limits, nothing else."""
+    r = job.request
+    return {
+        "code": r.code,
+        "stdin": r.stdin,
+        "mode": r.mode.value,
+        "files": r.files,
+        "timeout_s": r.timeout_s,
+        "memory_mb": r.memory_mb,
+    }
+
+
+class Worker:
+    def __init__(
+        self, pool: SlotPool, source: JobSource, settings: Settings, metrics: Metrics, name: str
+    ) -> None:
+        self.pool = pool
+        self.source = source
+        self.settings = settings
+        self.metrics = metrics
+        self.name = name
+        self.executions = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._supervisors: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self.metrics.slots.set(len(self.pool.slots))
+        self.metrics.watch(self.metrics.slots_busy, lambda: sum(s.busy for s in self.pool.slots))
+        self._tasks = [
+            asyncio.create_task(self._consume(slot), name=f"slot-{slot.index}")
+            for slot in self.pool.slots
+        ]
+        self._supervisors = [
+            asyncio.create_task(self._supervise(slot), name=f"supervise-{slot.index}")
+            for slot in self.pool.slots
+        ]
+
+    @property
+    def busy(self) -> int:
+        return sum(s.busy for s in self.pool.slots)
+
+    async def _ensure_running(self, slot: Slot) -> None:
+        while not slot.alive:
+            try:
+                if await slot.ensure_running():
+                    self.metrics.slot_restarts.inc()
+                    log.warning("slot %d: zygote restarted (pid %s)", slot.index, slot.pid)
+            except SlotStartError as exc:
+                log.error("%s; retrying in %.0f s", exc, RESTART_PAUSE_S)
+                await asyncio.sleep(RESTART_PAUSE_S)
+
+    async def _supervise(self, slot: Slot) -> None:
+        """Replace a zygote as soon as it dies, not when the next job finds it dead."""
+        while True:
+            await slot.wait_exit()
+            await self._ensure_running(slot)
+
+    async def _consume(self, slot: Slot) -> None:
+        while True:
+            await self._ensure_running(slot)
+            job = await self.source.get()
+            if job is None:
+                return
+            try:
+                await self._ensure_running(slot)  # it may have died while we waited for work
+                result = await self.run(slot, job)
+            except asyncio.CancelledError:
+                stopped = "the worker stopped before this execution finished"
+                await self.source.done(job, result_for(job, Status.killed, stopped, self.name))
+                raise
+            if result is None:
+                await self.source.retry(job)
+                continue
+            self.executions += 1
+            self.metrics.observe(result)
+            await self.source.done(job, result)
+
+    async def run(self, slot: Slot, job: Job) -> ExecuteResult | None:
+        """Run one job on ``slot``; None means: give it to another slot (its zygote died)."""
+        started = time.time()
+        if started > job.start_by:
+            return queue_timeout(job, self.settings.max_queue_wait_s, self.name)
+        try:
+            outcome = await slot.execute(zygote_request(job))
+        except SlotCrashed as exc:
+            log.warning("%s (attempt %d of %d)", exc, job.attempts + 1, MAX_ATTEMPTS)
+            if job.attempts + 1 < MAX_ATTEMPTS:
+                return None
+            outcome = {
+                "status": "internal_error",
+                "message": f"{exc}; gave up after {MAX_ATTEMPTS} attempts",
+            }
+        return ExecuteResult(
+            id=job.request.id,
+            queue_time_s=round(started - job.enqueued_at, 6),
+            worker=f"{self.name}/{slot.index}",
+            **outcome,
+        )
+
+    async def stop(self, grace_s: float) -> None:
+        """Let running jobs finish for up to ``grace_s`` (the source must already be closed,
+        so no new job is taken); then cancel, which answers the rest ``killed``."""
+        for task in self._supervisors:
+            task.cancel()
+        self._supervisors = []
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(self._tasks, timeout=grace_s)
+        for task in pending:
+            task.cancel()
+        for task in pending:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
