@@ -1,0 +1,183 @@
+"""Isolation properties, each checked against a real attempt from inside the sandbox.
+
+A layer the service reports as inactive on this host is skipped with the service's own reason;
+what it reports as active must hold.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import socket
+import threading
+import time
+import uuid
+
+import pytest
+
+from sandbox_service.client import SandboxClient
+from sandbox_service.launch import ServiceProcess
+from sandbox_service.models import Status
+from tests.conftest import SECRET
+
+
+def _layer(client: SandboxClient, name: str) -> None:
+    isolation = client.status().isolation
+    if isolation.get(name) is not True:
+        pytest.skip(f"{name} isolation inactive here: {isolation.get(f'{name}_note', 'off')}")
+
+
+def test_layers_are_reported(client: SandboxClient) -> None:
+    isolation = client.status().isolation
+    assert {"net", "mount", "uid", "seccomp", "rlimits"} <= set(isolation)
+    if os.geteuid() == 0:  # what this project's machines (root, namespaces, libseccomp) give
+        assert all(isolation[k] is True for k in ("net", "mount", "uid", "seccomp", "rlimits"))
+
+
+def test_cannot_connect_to_host_loopback(client: SandboxClient) -> None:
+    _layer(client, "net")
+    accepted: list[object] = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(3)
+        port = listener.getsockname()[1]
+
+        def accept() -> None:
+            try:
+                accepted.append(listener.accept())
+            except OSError:
+                pass
+
+        waiter = threading.Thread(target=accept)
+        waiter.start()
+        code = (
+            "import socket\n"
+            "try:\n"
+            f"    socket.create_connection(('127.0.0.1', {port}), timeout=2); print('connected')\n"
+            "except OSError as e:\n"
+            "    print('blocked', type(e).__name__)"
+        )
+        r = client.execute(code)
+        waiter.join()
+    assert r.stdout.startswith("blocked"), r.stdout + r.stderr
+    assert accepted == []
+
+
+def test_no_inet_sockets_at_all(client: SandboxClient) -> None:
+    _layer(client, "seccomp")
+    code = (
+        "import socket\n"
+        "for fam in (socket.AF_INET, socket.AF_INET6):\n"
+        "    try: socket.socket(fam); print('open')\n"
+        "    except PermissionError: print('denied')\n"
+        "a, b = socket.socketpair(); print('unix ok')\n"
+        "import threading; t = threading.Thread(target=print, args=('thread ok',)); t.start(); t.join()"
+    )
+    assert client.execute(code).stdout == "denied\ndenied\nunix ok\nthread ok\n"
+
+
+def test_service_environment_is_not_visible(client: SandboxClient, service: ServiceProcess) -> None:
+    r = client.execute("import os; print(dict(os.environ))")
+    assert SECRET not in r.stdout and "SANDBOX_" not in r.stdout
+    zygote = client.status().slots[0].pid
+    pids = [service.process.pid, zygote, 1]
+    code = (
+        f"for pid in {pids!r}:\n"
+        "    try: data = open(f'/proc/{pid}/environ', 'rb').read(); print(pid, 'read', len(data))\n"
+        "    except OSError as e: print(pid, type(e).__name__)"
+    )
+    r = client.execute(code)
+    assert SECRET not in r.stdout
+    if client.status().isolation.get("uid") is True:
+        assert r.stdout.count("PermissionError") == 3, r.stdout
+
+
+def test_runs_as_unprivileged_uid(client: SandboxClient) -> None:
+    _layer(client, "uid")
+    uids = {s.uid for s in client.status().slots}
+    r = client.execute("import os; print(os.getuid(), os.getgid(), os.getgroups())")
+    uid, gid, groups = r.stdout.split(maxsplit=2)
+    assert int(uid) in uids and int(gid) == int(uid) and groups.strip() == "[]"
+    assert client.execute("import os; os.setuid(0)").status is Status.error
+
+
+def test_cannot_write_outside_working_directory(client: SandboxClient) -> None:
+    _layer(client, "mount")
+    targets = ["/etc/evil", "/var/tmp/evil", "/usr/evil", os.getcwd() + "/evil", "/root/evil"]
+    code = (
+        "import os\n"
+        f"for path in {targets!r}:\n"
+        "    try: open(path, 'w').write('x'); print(path, 'WROTE')\n"
+        "    except OSError as e: print(path, e.errno)\n"
+        "open('here.txt', 'w').write('fine'); print(os.getcwd(), open('here.txt').read())"
+    )
+    r = client.execute(code)
+    assert "WROTE" not in r.stdout, r.stdout
+    assert r.stdout.strip().endswith("fine")
+    for path in targets:
+        assert not os.path.exists(path)
+
+
+def test_home_of_service_is_hidden(client: SandboxClient) -> None:
+    _layer(client, "mount")
+    r = client.execute(
+        "import os; print(sorted(os.listdir('/root')) if os.path.isdir('/root') else [])"
+    )
+    visible = ast.literal_eval(r.stdout)
+    assert ".ssh" not in visible and ".bash_history" not in visible
+
+
+def test_executions_do_not_see_each_other(client: SandboxClient) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    write = f"open('/tmp/{marker}', 'w').write('secret'); open('{marker}.local', 'w').write('x')"
+    assert client.execute(write).status is Status.ok
+    look = (
+        "import os\n"
+        f"print(os.path.exists('/tmp/{marker}'), os.path.exists('{marker}.local'), os.listdir('.'))"
+    )
+    for r in client.execute_batch([look] * 6):  # both slots, several times
+        assert r.stdout == "False False []\n", r.stdout
+    assert not os.path.exists(f"/tmp/{marker}")  # nothing reached the host's temp area
+
+
+def test_fork_bomb_is_contained(client: SandboxClient) -> None:
+    bomb = "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass"
+    start = time.monotonic()
+    r = client.execute(bomb, timeout_s=2)
+    assert r.status is Status.timeout
+    assert time.monotonic() - start < 10
+    assert client.execute("print('still here')").stdout == "still here\n"
+    if client.status().isolation.get("uid") is True:
+        assert _processes_of({s.uid for s in client.status().slots}) == []
+
+
+def test_setsid_daemon_does_not_survive(client: SandboxClient) -> None:
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(120)\n"
+        "    os._exit(0)\n"
+        "time.sleep(0.2)\n"
+        "print('parent done')"
+    )
+    r = client.execute(code)
+    assert r.stdout == "parent done\n"
+    time.sleep(0.2)
+    if client.status().isolation.get("uid") is True:
+        assert _processes_of({s.uid for s in client.status().slots}) == []
+    assert client.execute("print(1)").stdout == "1\n"
+
+
+def _processes_of(uids: set[int | None]) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid in uids:
+                    found.append(int(entry))
+            except FileNotFoundError:
+                continue
+    return found

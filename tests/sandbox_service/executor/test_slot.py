@@ -1,0 +1,48 @@
+"""Zygotes are replaced when they die, and the execution they held is not lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from sandbox_service.client import SandboxClient
+from sandbox_service.models import Status
+
+
+def _wait_for_restart(client: SandboxClient, index: int, old_pid: int) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        slot = client.status().slots[index]
+        if slot.pid not in (None, old_pid):
+            return
+        time.sleep(0.1)
+    raise AssertionError("zygote was not restarted")
+
+
+def test_killed_zygote_is_replaced(client: SandboxClient) -> None:
+    before = client.status().slots
+    os.kill(before[0].pid, signal.SIGKILL)
+    _wait_for_restart(client, 0, before[0].pid)
+    after = client.status().slots
+    assert after[0].restarts == before[0].restarts + 1
+    results = client.execute_batch(["print('next')"] * 4)
+    assert all(r.stdout == "next\n" for r in results)
+
+
+def test_execution_on_a_dying_zygote_is_retried(client: SandboxClient) -> None:
+    results: list = []
+    runner = threading.Thread(
+        target=lambda: results.extend(
+            client.execute_batch(["import time; time.sleep(1.0); print('survived')"] * 2)
+        )
+    )
+    runner.start()
+    time.sleep(0.4)  # both slots are in the middle of their execution
+    victim = client.status().slots[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    runner.join(60)
+    assert [r.status for r in results] == [Status.ok, Status.ok]
+    assert all(r.stdout == "survived\n" for r in results)
+    _wait_for_restart(client, 1, victim.pid)

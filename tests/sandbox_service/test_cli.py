@@ -1,0 +1,53 @@
+"""The command line: ``run FILE`` prints like Python would; ``--help`` documents every setting."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from sandbox_service.settings import Settings
+
+CLI = [sys.executable, "-m", "sandbox_service.cli"]
+
+
+def test_help_lists_every_setting() -> None:
+    out = subprocess.run(
+        [*CLI, "serve", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for name in Settings.model_fields:
+        assert f"--{name.replace('_', '-')}" in out
+    assert "SANDBOX_" in out and "number of CPUs" in out
+
+
+def test_run_file(tmp_path: Path) -> None:
+    program = tmp_path / "prog.py"
+    program.write_text(
+        "import sys\nprint(input().upper())\nprint('warn', file=sys.stderr)\nsys.exit(4)\n"
+    )
+    stdin = tmp_path / "in.txt"
+    stdin.write_text("hello\n")
+    done = subprocess.run(
+        [*CLI, "run", str(program), "--stdin-file", str(stdin), "--preload", "math"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 4
+    assert done.stdout == "HELLO\n"
+    assert "warn" in done.stderr and "[sandbox] error" in done.stderr
+
+
+def test_run_json_and_timeout_exit_code(tmp_path: Path) -> None:
+    program = tmp_path / "loop.py"
+    program.write_text("while True: pass\n")
+    done = subprocess.run(
+        [*CLI, "run", str(program), "--timeout", "0.5", "--json", "--preload", "math"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 124
+    assert json.loads(done.stdout)["status"] == "timeout"
+
+
+def test_invalid_setting_is_reported() -> None:
+    done = subprocess.run([*CLI, "serve", "--slots", "zero"], capture_output=True, text=True)
+    assert done.returncode == 2 and "invalid setting slots" in done.stderr
