@@ -50,7 +50,7 @@ class ZygoteConfig:
     preload: list[str] = field(default_factory=list)
     warmup: str = ""
     work_root: str = "/tmp/sandbox-service"
-    hide_paths: list[str] = field(default_factory=lambda: ["/root", "/home"])
+    hide_paths: list[str] = field(default_factory=lambda: ["/root", "/home", "/run"])
     tmpfs_mb: int = 256
     max_processes: int = 64
     max_open_files: int = 256
@@ -68,6 +68,7 @@ class Confinement:
     seccomp: bool = False
     notes: dict[str, str] = field(default_factory=dict)
     filter: seccomp.Program | None = None
+    scratch_keep: dict[str, frozenset[str]] = field(default_factory=dict)
     base_address_space: int = 0
 
     def report(self) -> dict[str, bool | str]:
@@ -131,7 +132,7 @@ def interpreter_paths() -> list[str]:
     return sorted({os.path.realpath(p) for p in paths} | {os.path.abspath(p) for p in paths})
 
 
-SCRATCH_MODES = {"/tmp": 0o700, "/dev/shm": 0o1777}
+SCRATCH_MODE = 0o1777  # root-owned and sticky, like a host's /tmp
 
 
 def scratch_dirs(cfg: ZygoteConfig) -> list[tuple[str, int]]:
@@ -139,10 +140,13 @@ def scratch_dirs(cfg: ZygoteConfig) -> list[tuple[str, int]]:
     return [("/tmp", cfg.tmpfs_mb), ("/dev/shm", min(SHM_MB, cfg.tmpfs_mb))]
 
 
-def empty_directory(path: str) -> bool:
-    """Remove everything inside ``path``; True if it is empty afterwards."""
+def empty_directory(path: str, keep: frozenset[str] = frozenset()) -> bool:
+    """Remove everything inside ``path`` but the entries named in ``keep`` (those holding
+    the interpreter's files); True if nothing else is left."""
     with os.scandir(path) as entries:
         for entry in entries:
+            if entry.name in keep:
+                continue
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
@@ -150,7 +154,7 @@ def empty_directory(path: str) -> bool:
                     os.unlink(entry.path)
                 except OSError:
                     pass
-    return not os.listdir(path)
+    return set(os.listdir(path)) <= keep
 
 
 def confine_zygote(cfg: ZygoteConfig) -> Confinement:
@@ -165,12 +169,15 @@ def confine_zygote(cfg: ZygoteConfig) -> Confinement:
         def mount_ns() -> None:
             iso.unshare(iso.CLONE_NEWNS)
             iso.private_readonly_root()
+            iso.private_proc()
             for path in cfg.hide_paths:
-                iso.hide(path, keep=interpreter_paths())
-            uid = cfg.uid if root and cfg.uid is not None else os.getuid()
-            gid = cfg.gid if root and cfg.gid is not None else os.getgid()
+                iso.cover(path, interpreter_paths())
             for path, size_mb in scratch_dirs(cfg):
-                iso.mount_tmpfs(path, size_mb, uid, gid, mode=SCRATCH_MODES[path])
+                kept = iso.cover(path, interpreter_paths(), size_mb=size_mb, mode=SCRATCH_MODE,
+                                 writable=True)  # fmt: skip
+                conf.scratch_keep[path] = frozenset(
+                    os.path.relpath(k, path).split("/")[0] for k in kept
+                )
 
         conf.mount = _try(conf, "mount", mount_ns)
     if "uid" in wanted:
@@ -409,9 +416,9 @@ class Zygote:
             self.dirty = self.dirty or os.path.exists(workdir)
             return
         for path, _ in scratch_dirs(self.cfg):
-            if not empty_directory(path):
+            if not empty_directory(path, self.conf.scratch_keep.get(path, frozenset())):
                 self.dirty = True
-            os.chmod(path, SCRATCH_MODES[path])
+            os.chmod(path, SCRATCH_MODE)
 
     def _fork(self, req: dict[str, Any], pipes: Pipes, workdir: str) -> int:
         pid = os.fork()
