@@ -90,6 +90,13 @@ class ExecuteRequest(BaseModel):
         max_length=256,
         description="Idempotency key: a request with an id seen before returns the stored result.",
     )
+    session_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Keep Python state across calls: the session's earlier successful cells are "
+        "replayed (silently) before this one. A cell that does not end ok leaves no trace.",
+    )
 
     @field_validator("language")
     @classmethod

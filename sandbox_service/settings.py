@@ -149,3 +149,18 @@ class Settings(BaseSettings):
                 f"unknown isolation layer(s) {unknown}; known: {', '.join(ISOLATION_LAYERS)}"
             )
         return value
+
+    # ---- Sessions (sessions.py)
+    session_ttl_s: float = Field(
+        default=1800.0, gt=0, description="A session not used for this long is forgotten."
+    )
+    session_max_cells: int = Field(
+        default=64,
+        ge=1,
+        description="Successful cells one session keeps (every call replays them); beyond, 422.",
+    )
+    session_max: int = Field(
+        default=10_000,
+        ge=1,
+        description="Sessions kept at once; beyond, the least recently used is forgotten.",
+    )

@@ -61,7 +61,8 @@ def json_response(model: BaseModel) -> Response:
 async def execute(request: Request) -> Response:
     execute_request = await parse(request, ExecuteRequest)
     policy.check_one(execute_request, request.app.state.settings)
-    [result] = await request.app.state.runtime.queue.submit([execute_request])
+    queue = request.app.state.runtime.queue
+    [result] = await request.app.state.sessions.submit(queue, [execute_request], batch=False)
     return json_response(result)
 
 
@@ -75,5 +76,6 @@ async def execute(request: Request) -> Response:
 async def execute_batch(request: Request) -> Response:
     batch = await parse(request, BatchRequest)
     policy.check_batch(batch.requests, request.app.state.settings)
-    results = await request.app.state.runtime.queue.submit(batch.requests)
+    queue = request.app.state.runtime.queue
+    results = await request.app.state.sessions.submit(queue, batch.requests)
     return json_response(BatchResponse(results=results))
