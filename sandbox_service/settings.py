@@ -150,7 +150,7 @@ class Settings(BaseSettings):
             )
         return value
 
-    # ---- Sessions (sessions.py)
+    # ---- Sessions and compatibility fronts (sessions.py, api/sandboxfusion.py, api/codejudge.py)
     session_ttl_s: float = Field(
         default=1800.0, gt=0, description="A session not used for this long is forgotten."
     )
@@ -163,4 +163,18 @@ class Settings(BaseSettings):
         default=10_000,
         ge=1,
         description="Sessions kept at once; beyond, the least recently used is forgotten.",
+    )
+    codejudge_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Time limit of one code-judge submission (its MAX_EXECUTION_TIME).",
+    )
+    codejudge_memory_mb: int = Field(
+        default=1024, gt=0, description="Address-space limit of one code-judge submission."
+    )
+    codejudge_max_output_chars: int = Field(
+        default=1000,
+        ge=0,
+        description="code-judge results keep this many characters of stdout and of stderr "
+        "(its MAX_STDOUT_ERROR_LENGTH); 0 keeps all.",
     )

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import sandbox_service
-from sandbox_service.api import errors, health, native
+from sandbox_service.api import codejudge, errors, health, native, sandboxfusion
 from sandbox_service.api import sessions as session_routes
 from sandbox_service.api.errors import BodyTooLarge
 from sandbox_service.models import BatchRequest, ExecuteRequest
@@ -108,6 +108,11 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.include_router(health.router)
     app.state.sessions = Sessions(settings)
     app.include_router(session_routes.router)
+    app.include_router(sandboxfusion.router)
+    app.include_router(codejudge.router)
     errors.install(app)
-    _with_request_schemas(app, [ExecuteRequest, BatchRequest])
+    _with_request_schemas(app, [
+        ExecuteRequest, BatchRequest, sandboxfusion.RunCodeRequest,
+        sandboxfusion.RunJupyterRequest, codejudge.Submission, codejudge.BatchSubmission,
+    ])  # fmt: skip
     return app
