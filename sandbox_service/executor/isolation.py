@@ -37,6 +37,7 @@ AT_RECURSIVE = 0x8000
 SYS_MOUNT_SETATTR = 442  # the same number on every architecture (unified table, Linux 5.12+)
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 
@@ -149,6 +150,13 @@ def prctl(option: int, arg: int) -> None:
 
 def die_with_parent() -> None:
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def set_dumpable(dumpable: bool) -> None:
+    """A non-dumpable process's /proc files (environ, cmdline's neighbours, fd, mem) belong to
+    root and it cannot be ptraced by its own uid: what keeps the service's environment from
+    executions that run as the same user (the non-root fallback)."""
+    prctl(PR_SET_DUMPABLE, int(dumpable))
 
 
 def become_subreaper() -> None:

@@ -70,6 +70,10 @@ class Confinement:
     filter: seccomp.Program | None = None
     scratch_keep: dict[str, frozenset[str]] = field(default_factory=dict)
     base_address_space: int = 0
+    # Without a uid of its own, RLIMIT_NPROC counts every process of the service's user: the
+    # limit is what that user had at start plus headroom, enough to stop a fork bomb from
+    # exhausting the host's pids, not to give each execution its own budget.
+    shared_process_limit: int | None = None
 
     def report(self) -> dict[str, bool | str]:
         layers: dict[str, bool | str] = {
@@ -281,11 +285,12 @@ def child(req: dict[str, Any], cfg: ZygoteConfig, conf: Confinement, pipes: Pipe
         cpu_seconds=math.ceil(timeout) + 1,
         file_size=cfg.max_file_mb * MIB,
         open_files=cfg.max_open_files,
-        processes=cfg.max_processes if conf.uid else None,
+        processes=cfg.max_processes if conf.uid else conf.shared_process_limit,
     )
     if conf.uid:
         iso.drop_to(uid, gid)
     iso.die_with_parent()  # after the uid change, which clears it
+    iso.set_dumpable(True)  # its own /proc/self as any process has (the zygote's is hidden)
     if os.getppid() != zygote_pid:
         os._exit(SETUP_FAILED)
     os.chdir(workdir)
@@ -515,6 +520,7 @@ def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[1]))
     iso.die_with_parent()
     iso.become_subreaper()
+    iso.set_dumpable(False)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the service, which stops us
     conf = confine_zygote(cfg)
@@ -528,6 +534,8 @@ def main(argv: list[str]) -> None:
     huge_mb = iso.collapse_heap_into_huge_pages()
     mem = iso.memory_status()
     conf.base_address_space = mem.get("VmSize", 0)
+    if not conf.uid:
+        conf.shared_process_limit = iso.count_processes_of(os.getuid()) + 4 * cfg.max_processes
     protocol.send(
         sock,
         {
