@@ -140,8 +140,8 @@ class AsyncSandboxClient:
     async def execute(self, request: RequestLike, **fields: Any) -> ExecuteResult:
         """Run one program: an ExecuteRequest, a dict of its fields, or code plus ``fields``."""
         req = as_request(request)
-        if fields:
-            req = req.model_copy(update=fields)
+        if fields:  # validated, so that mode="repl" is the enum and bad values fail here
+            req = ExecuteRequest.model_validate({**req.model_dump(exclude_unset=True), **fields})
         [result] = await self.execute_batch([req])
         return result
 

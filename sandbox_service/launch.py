@@ -76,6 +76,9 @@ def start(
     ``command`` replaces the default ``[python, -m, sandbox_service.cli, serve]``, e.g. to run
     the service as another user through ``setpriv``."""
     port = free_port()
+    # Slot uids unique to this service: a zygote kills every process of its uid when it
+    # starts, so two services on one machine (parallel test runs) must not share them.
+    settings.setdefault("uid_base", 100_000 + port * 64)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             command or [sys.executable, "-m", "sandbox_service.cli", "serve"],

@@ -14,12 +14,25 @@ import enum
 import posixpath
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 SUPPORTED_LANGUAGES = ("python",)
 # For the published schema: what the validators below accept, as JSON Schema can say it.
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 RELATIVE_PATH_PATTERN = r"^(?!/)(?!(?:.*/)?\.\.(?:/|$))(?!\.?/*$)[^\x00]+$"
+
+
+def _json_number(value: object) -> object:
+    # Lax pydantic would turn "10" and true into numbers; the published schema (and JSON
+    # Schema's idea of an integer, which takes 10.0) says a number. Strict mode is no better:
+    # it refuses 10.0 for an integer.
+    if isinstance(value, (str, bool)):
+        raise ValueError("must be a JSON number, not a string or a boolean")
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_number)]
+JsonFloat = Annotated[float, BeforeValidator(_json_number)]
 
 
 class Status(str, enum.Enum):
@@ -82,8 +95,8 @@ class ExecuteRequest(BaseModel):
         description="Only 'python' is supported.",
         json_schema_extra={"enum": list(SUPPORTED_LANGUAGES)},
     )
-    timeout_s: float = Field(default=10.0, gt=0, description="Wall-clock limit in seconds.")
-    memory_mb: int = Field(default=1024, gt=0, description="Address-space limit in MiB.")
+    timeout_s: JsonFloat = Field(default=10.0, gt=0, description="Wall-clock limit in seconds.")
+    memory_mb: JsonInt = Field(default=1024, gt=0, description="Address-space limit in MiB.")
     mode: Mode = Field(
         default=Mode.script,
         description="'repl' prints the repr of a final expression, as IPython does.",
@@ -100,6 +113,13 @@ class ExecuteRequest(BaseModel):
         default=None,
         max_length=256,
         description="Idempotency key: a request with an id seen before returns the stored result.",
+    )
+    session_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Keep Python state across calls: the session's earlier successful cells are "
+        "replayed (silently) before this one. A cell that does not end ok leaves no trace.",
     )
 
     @field_validator("language")

@@ -74,7 +74,10 @@ class Settings(BaseSettings):
     uid_base: int = Field(
         default=61000,
         ge=1,
-        description="When run as root, slot i runs code as uid/gid uid_base+i.",
+        description=(
+            "When run as root, slot i runs code as uid/gid uid_base+i; services sharing a "
+            "host need ranges of their own."
+        ),
     )
     work_root: str = Field(
         default="/tmp/sandbox-service",
@@ -152,3 +155,32 @@ class Settings(BaseSettings):
                 f"unknown isolation layer(s) {unknown}; known: {', '.join(ISOLATION_LAYERS)}"
             )
         return value
+
+    # ---- Sessions and compatibility fronts (sessions.py, api/sandboxfusion.py, api/codejudge.py)
+    session_ttl_s: float = Field(
+        default=1800.0, gt=0, description="A session not used for this long is forgotten."
+    )
+    session_max_cells: int = Field(
+        default=64,
+        ge=1,
+        description="Successful cells one session keeps (every call replays them); beyond, 422.",
+    )
+    session_max: int = Field(
+        default=10_000,
+        ge=1,
+        description="Sessions kept at once; beyond, the least recently used is forgotten.",
+    )
+    codejudge_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Time limit of one code-judge submission (its MAX_EXECUTION_TIME).",
+    )
+    codejudge_memory_mb: int = Field(
+        default=1024, gt=0, description="Address-space limit of one code-judge submission."
+    )
+    codejudge_max_output_chars: int = Field(
+        default=1000,
+        ge=0,
+        description="code-judge results keep this many characters of stdout and of stderr "
+        "(its MAX_STDOUT_ERROR_LENGTH); 0 keeps all.",
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import time
 from collections.abc import Iterator
 
@@ -23,6 +25,17 @@ def wait_until_admitted(url: str, jobs: int, timeout_s: float = 20) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"{jobs} jobs were never admitted")
+
+
+@contextlib.contextmanager
+def queue_held_full(url: str, jobs: int = 3) -> Iterator[None]:
+    """While inside, the service holds ``jobs`` one-second jobs (a full tight_service)."""
+    slow = {"requests": [{"code": "import time; time.sleep(1)", "timeout_s": 5}] * jobs}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(httpx.post, f"{url}/v1/execute/batch", json=slow, timeout=30)
+        wait_until_admitted(url, jobs)
+        yield
+        running.result()
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +75,26 @@ def tight_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceP
         max_code_chars=1000,
         max_stdin_chars=1000,
         max_files_bytes=1000,
+    )
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="session")
+def compat_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    """For the compatibility fronts, sessions and the integration docs: small limits that
+    the tests reach quickly (code-judge's time limit, a session's cells and idle time)."""
+    log = tmp_path_factory.mktemp("compat") / "service.log"
+    svc = start(
+        str(log),
+        slots=2,
+        preload="math,numpy",
+        max_timeout_s=30,
+        max_output_bytes=65536,
+        codejudge_timeout_s=1,
+        codejudge_max_output_chars=100,
+        session_max_cells=4,
+        session_ttl_s=3,
     )
     yield svc
     svc.stop()

@@ -16,10 +16,12 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import sandbox_service
-from sandbox_service.api import errors, health, native
+from sandbox_service.api import codejudge, errors, health, native, sandboxfusion
+from sandbox_service.api import sessions as session_routes
 from sandbox_service.api.errors import BodyTooLarge
 from sandbox_service.models import BatchRequest, ExecuteRequest
 from sandbox_service.runtime import EmbeddedRuntime, Runtime
+from sandbox_service.sessions import Sessions
 from sandbox_service.settings import Settings
 
 DESCRIPTION = """\
@@ -117,6 +119,13 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_mb * 1024 * 1024)
     app.include_router(native.router)
     app.include_router(health.router)
+    app.state.sessions = Sessions(settings)
+    app.include_router(session_routes.router)
+    app.include_router(sandboxfusion.router)
+    app.include_router(codejudge.router)
     errors.install(app)
-    _with_request_schemas(app, [ExecuteRequest, BatchRequest], settings)
+    _with_request_schemas(app, [
+        ExecuteRequest, BatchRequest, sandboxfusion.RunCodeRequest,
+        sandboxfusion.RunJupyterRequest, codejudge.Submission, codejudge.BatchSubmission,
+    ], settings)  # fmt: skip
     return app

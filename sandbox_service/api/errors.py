@@ -13,6 +13,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 from sandbox_service.models import ErrorDetail
 from sandbox_service.queue.base import QueueFull, QueueUnavailable
@@ -54,6 +56,14 @@ def from_validation_error(
     return RequestRejected(422, details)
 
 
+def _methods_for(request: Request) -> set[str]:
+    methods: set[str] = set()
+    for route in request.app.routes:
+        if isinstance(route, Route) and route.path_regex.match(request.url.path):
+            methods |= route.methods or set()
+    return methods
+
+
 def _detail(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"detail": message}, status_code=status, headers=headers)
 
@@ -78,6 +88,15 @@ def install(app: FastAPI) -> None:
         request.app.state.runtime.metrics.refused.labels("503").inc()
         retry = str(request.app.state.settings.retry_after_s)
         return _detail(503, str(exc), {"Retry-After": retry})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette names only the methods of the first route on the path; there may be
+            # several (GET and DELETE of a session, say).
+            headers["Allow"] = ", ".join(sorted(_methods_for(request)))
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:

@@ -16,6 +16,7 @@ import os
 import sys
 import traceback
 import types
+from collections.abc import Callable
 
 FILENAME = "<string>"
 STATUS_FD = 3
@@ -58,17 +59,31 @@ def _flush() -> None:
             pass
 
 
-def run(code: str, mode: str) -> int:
-    """Execute ``code``; return the process exit status Python itself would give."""
+def _print_repr(value: object) -> None:
+    print(repr(value))
+
+
+def run(
+    code: str,
+    mode: str,
+    namespace: dict | None = None,
+    display: Callable[[object], None] = _print_repr,
+) -> int:
+    """Execute ``code``; return the process exit status Python itself would give.
+
+    ``namespace`` (default: a fresh ``__main__``) lets several programs share state, as the
+    cells of a notebook do; ``display`` receives the value of a final expression in repl mode.
+    """
     linecache.cache[FILENAME] = (len(code), None, code.splitlines(True), FILENAME)
-    namespace = _fresh_main()
+    if namespace is None:
+        namespace = _fresh_main()
     try:
         body, last = _compile(code, mode)
         exec(body, namespace)
         if last is not None:
             value = eval(last, namespace)
             if value is not None:
-                print(repr(value))
+                display(value)
         return 0
     except SystemExit as exc:
         return _exit_code(exc)
@@ -81,6 +96,8 @@ def run(code: str, mode: str) -> int:
         tb = exc.__traceback__
         # Drop this function's frame so the traceback starts at the user's code.
         tb = tb.tb_next if tb is not None and not isinstance(exc, SyntaxError) else tb
+        # As CPython does for an uncaught exception: a driver of several programs reads it.
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
         try:
             traceback.print_exception(type(exc), exc, tb)
         except MemoryError:

@@ -91,7 +91,7 @@ def test_openapi_documents_the_contract(tight_service: ServiceProcess) -> None:
     schemas = spec["components"]["schemas"]
     assert {"ExecuteRequest", "ExecuteResult", "BatchRequest", "BatchResponse"} <= set(schemas)
     assert set(schemas["ExecuteRequest"]["properties"]) == {
-        "code", "stdin", "language", "timeout_s", "memory_mb", "mode", "files", "id",
+        "code", "stdin", "language", "timeout_s", "memory_mb", "mode", "files", "id", "session_id",
     }  # fmt: skip
     body = spec["paths"]["/v1/execute/batch"]["post"]["requestBody"]
     assert body["content"]["application/json"]["schema"]["$ref"].endswith("/BatchRequest")

@@ -1,0 +1,270 @@
+"""SandboxFusion's API: ``POST /run_code``, ``POST /run_jupyter``, ``GET /v1/ping``.
+
+What verl's sandbox tool and reward, SkyRL, ROLL and ToRL (and the ``sandbox-fusion`` client
+package) send. Shapes follow bytedance/SandboxFusion ``sandbox/server/sandbox_api.py`` and
+``sandbox/runners/types.py`` (RunCodeRequest with ``memory_limit_MB``, RunCodeResponse,
+CommandRunResult, RunJupyterRequest/Response, CellRunResult) and its ``parse_run_status``:
+
+- ``run_result.status`` is ``Finished`` whenever the program ran to its end, whatever its
+  exit code; ``TimeLimitExceeded`` (``return_code`` null) when it was stopped for time;
+  ``Error`` when the sandbox could not run it. See ``compat.OUTCOMES`` for every status.
+- ``status`` is ``Success`` (finished with 0), ``Failed`` (non-zero or time limit) or
+  ``SandboxError`` (with ``message``); the client package raises on ``SandboxError``.
+- Python only (no compile step, so ``compile_result`` is null). Another language, code or
+  input over this server's size limits, or a file that is not base64 answer ``SandboxError``
+  saying why; a body of the wrong shape answers 422 as FastAPI (and so SandboxFusion) does.
+  Time and memory limits above this server's maxima are lowered to them.
+- A full or unreachable queue answers 504 with Retry-After: the status verl's client retries.
+- ``fetch_files``: the driver (``driver.py``) reads them inside the sandbox after the code,
+  so a program stopped by a limit returns none.
+- ``/run_jupyter``: the cells run in order in one interpreter; a cell's error does not stop
+  the next; ``cell_timeout`` raises TimeoutError in the cell; ``total_timeout`` is the limit
+  of the whole run. Cells that completed are reported even when the run was cut short (the
+  part of the cut cell is in ``driver``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from sandbox_service.api.compat import OUTCOMES, Refused, native_request, return_code
+from sandbox_service.api.native import BODY_ERRORS, body_of, json_response, parse
+from sandbox_service.models import (
+    ErrorBody,
+    ExecuteRequest,
+    ExecuteResult,
+    JsonFloat,
+    JsonInt,
+    Mode,
+)
+from sandbox_service.programs import Cell, Driven, new_nonce, program
+from sandbox_service.programs import parse as parse_driven
+from sandbox_service.queue.base import QueueFull, QueueUnavailable
+
+router = APIRouter(tags=["SandboxFusion compatible"])
+
+NAMES = {"timeout_s": "run_timeout", "memory_mb": "memory_limit_MB"}
+
+
+class RunCodeRequest(BaseModel):
+    compile_timeout: JsonFloat = Field(10, description="Ignored: Python has no compile step.")
+    run_timeout: JsonFloat = Field(10, description="Wall-clock limit in seconds.")
+    memory_limit_MB: JsonInt = Field(-1, description="Memory limit; -1: the server's default.")
+    code: str
+    stdin: str | None = None
+    language: str = Field(description="Only 'python' runs here.")
+    files: dict[str, str | None] = Field({}, description="Relative path -> base64 content.")
+    fetch_files: list[str] = Field([], description="Paths read back (base64) after the run.")
+    args: list[str] = Field([], description="Ignored (pytest arguments in SandboxFusion).")
+
+
+class CommandRunResult(BaseModel):
+    status: Literal["Finished", "Error", "TimeLimitExceeded"]
+    execution_time: float | None = None
+    return_code: int | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+
+
+class RunCodeResponse(BaseModel):
+    status: Literal["Success", "Failed", "SandboxError"]
+    message: str
+    compile_result: CommandRunResult | None = None
+    run_result: CommandRunResult | None = None
+    executor_pod_name: str | None = None
+    files: dict[str, str] = {}
+
+
+class RunJupyterRequest(BaseModel):
+    cells: list[str]
+    cell_timeout: JsonFloat = Field(0, description="Limit of each cell in seconds; 0: none.")
+    total_timeout: JsonFloat = Field(45, description="Limit of the whole run in seconds.")
+    memory_limit_MB: JsonInt = -1
+    kernel: Literal["python3"] = "python3"
+    files: dict[str, str] = {}
+    fetch_files: list[str] = []
+
+
+class CellRunResult(BaseModel):
+    stdout: str
+    stderr: str
+    display: list[dict[str, Any]]
+    error: list[dict[str, Any]]
+
+
+class RunJupyterResponse(BaseModel):
+    status: Literal["Success", "Failed", "SandboxError"]
+    message: str
+    driver: CommandRunResult | None = None
+    cells: list[CellRunResult] = []
+    executor_pod_name: str | None = None
+    files: dict[str, str] = {}
+
+
+def _limits(request: Request, timeout_s: float, memory_limit_mb: int) -> dict[str, Any]:
+    """SandboxFusion has no maxima, and its clients send their defaults (45 s for a notebook)
+    explicitly: limits above this server's maxima are lowered to them, not refused."""
+    settings = request.app.state.settings
+    fields: dict[str, Any] = {"timeout_s": min(timeout_s, settings.max_timeout_s)}
+    if memory_limit_mb > 0:  # otherwise unset: the server's default
+        fields["memory_mb"] = min(memory_limit_mb, settings.max_memory_mb)
+    return fields
+
+
+def command_result(result: ExecuteResult, stdout: str, stderr: str) -> CommandRunResult:
+    outcome = OUTCOMES[result.status]
+    if not outcome.ran:
+        return CommandRunResult(status="Error", stderr=result.message)
+    code = None if outcome.fusion == "TimeLimitExceeded" else return_code(result)
+    return CommandRunResult(
+        status=outcome.fusion,
+        execution_time=result.wall_time_s,  # type: ignore[arg-type]
+        return_code=code,
+        stdout=stdout,
+        stderr=stderr,
+    )
+
+
+def run_status(command: CommandRunResult) -> tuple[str, str]:
+    """(status, message) as SandboxFusion's ``parse_run_status`` decides them."""
+    if command.status == "Error":
+        return "SandboxError", command.stderr or ""
+    if command.status == "TimeLimitExceeded" or command.return_code != 0:
+        return "Failed", ""
+    return "Success", ""
+
+
+def _busy(request: Request, exc: Exception) -> Response:
+    request.app.state.runtime.metrics.refused.labels("504").inc()
+    retry = getattr(exc, "retry_after", request.app.state.settings.retry_after_s)
+    return JSONResponse({"detail": str(exc)}, status_code=504, headers={"Retry-After": str(retry)})
+
+
+async def _execute(
+    request: Request, native: ExecuteRequest, wrapped: str | None, nonce: str
+) -> tuple[ExecuteResult, Driven] | Response:
+    """Run ``native`` (as the driver program ``wrapped``, when given) and take its output
+    apart; a Response when the queue cannot take it."""
+    if wrapped is not None:  # limits were checked on the caller's code, not on the driver
+        native = native.model_copy(update={"code": wrapped})
+    try:
+        [result] = await request.app.state.runtime.queue.submit([native])
+    except (QueueFull, QueueUnavailable) as exc:
+        return _busy(request, exc)
+    if wrapped is None:
+        return result, Driven(outputs=[result.stdout], errors=[result.stderr])
+    return result, parse_driven(result.stdout, result.stderr, nonce)
+
+
+def _code_request(body: RunCodeRequest, request: Request) -> ExecuteRequest:
+    if body.language != "python":
+        raise Refused(f"language {body.language!r} is not supported here: this sandbox runs python")
+    files = {path: data for path, data in body.files.items() if data is not None}
+    return native_request(
+        request.app.state.settings,
+        NAMES,
+        code=body.code,
+        stdin=body.stdin or "",
+        files=files,
+        **_limits(request, body.run_timeout, body.memory_limit_MB),
+    )
+
+
+FRONT_ERRORS: dict[int | str, dict[str, Any]] = {
+    **BODY_ERRORS,
+    504: {"model": ErrorBody, "description": "queue full or unreachable; retry after Retry-After"},
+}
+
+
+@router.get("/v1/ping", summary="SandboxFusion liveness: answers 'pong'")
+async def ping() -> str:
+    return "pong"
+
+
+@router.post(
+    "/run_code",
+    response_model=RunCodeResponse,
+    responses=FRONT_ERRORS,
+    openapi_extra=body_of(RunCodeRequest),
+    summary="Run one program (SandboxFusion's API)",
+)
+async def run_code(request: Request) -> Response:
+    body = await parse(request, RunCodeRequest)
+    try:
+        native = _code_request(body, request)
+    except Refused as exc:
+        return json_response(RunCodeResponse(status="SandboxError", message=str(exc)))
+    nonce = new_nonce()
+    wrapped = (
+        program([Cell(body.code)], nonce, fetch=body.fetch_files) if body.fetch_files else None
+    )
+    ran = await _execute(request, native, wrapped, nonce)
+    if isinstance(ran, Response):
+        return ran
+    result, driven = ran
+    command = command_result(result, driven.stdout, driven.stderr)
+    status, message = run_status(command)
+    return json_response(
+        RunCodeResponse(
+            status=status,
+            message=message,
+            run_result=command,  # type: ignore[arg-type]
+            executor_pod_name=result.worker or None,
+            files=driven.files,
+        )
+    )
+
+
+def _cells(driven: Driven) -> list[CellRunResult]:
+    return [
+        CellRunResult(stdout=out, stderr=err, display=report["display"], error=report["error"])
+        for report, out, err in zip(driven.cells, driven.outputs, driven.errors, strict=False)
+    ]
+
+
+@router.post(
+    "/run_jupyter",
+    response_model=RunJupyterResponse,
+    responses=FRONT_ERRORS,
+    openapi_extra=body_of(RunJupyterRequest),
+    summary="Run notebook cells in one interpreter (SandboxFusion's API)",
+)
+async def run_jupyter(request: Request) -> Response:
+    body = await parse(request, RunJupyterRequest)
+    try:
+        native = native_request(
+            request.app.state.settings,
+            {"code": "cells", "timeout_s": "total_timeout", "memory_mb": "memory_limit_MB"},
+            code="\n".join(body.cells),
+            files=body.files,
+            **_limits(request, body.total_timeout, body.memory_limit_MB),
+        )
+    except Refused as exc:
+        return json_response(RunJupyterResponse(status="SandboxError", message=str(exc)))
+    nonce = new_nonce()
+    cells = [Cell(c, Mode.repl.value, "") for c in body.cells]
+    wrapped = program(
+        cells, nonce, notebook=True, fetch=body.fetch_files, cell_timeout_s=body.cell_timeout
+    )
+    ran = await _execute(request, native, wrapped, nonce)
+    if isinstance(ran, Response):
+        return ran
+    result, driven = ran
+    done = len(driven.cells)  # a cell cut short has output but no report: it goes to driver
+    rest = "".join(driven.outputs[done:]), "".join(driven.errors[done:])
+    command = command_result(result, *rest)
+    status, message = run_status(command)
+    return json_response(
+        RunJupyterResponse(
+            status=status,
+            message=message,
+            driver=command,  # type: ignore[arg-type]
+            cells=_cells(driven),
+            executor_pod_name=result.worker or None,
+            files=driven.files,
+        )
+    )

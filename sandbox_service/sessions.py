@@ -1,0 +1,206 @@
+"""Stateful sessions: a ``session_id`` keeps Python state across calls, notebook style.
+
+How: the API node keeps, per session, the cells that ended ``ok`` (code, mode, stdin), the
+files they were given and a random seed. A call runs one ordinary execution of the driver
+(``programs.py``) that seeds ``random`` and numpy, replays those cells with their output
+discarded, then runs the new cell. Why replay rather than a live interpreter per session:
+executions stay what they are everywhere else (one confined fork, any slot, any worker node,
+killed and cleaned at the end), nothing is held between calls but a few strings, a worker
+crash loses nothing, and the cost is bounded by ``session_max_cells``. The seed makes a
+replayed history draw the same random numbers it drew the first time.
+
+Semantics (docs/integrations.md says the same):
+
+- A cell that ends ``ok`` is appended; any other ending (error, timeout, limits, never ran)
+  leaves the session exactly as before the call, side effects included: the next call
+  replays only the good cells.
+- Calls on one session run one at a time, in the order they arrive (within a batch: in
+  request order); calls on different sessions run in parallel.
+- The replay counts against the new call's ``timeout_s``. A history that no longer replays
+  (a cell that read the clock or a file that is gone, and now raises) ends the session: the
+  call is answered ``error`` saying so, and the id starts afresh next time.
+- A session unused for ``session_ttl_s`` is forgotten; a forgotten or unknown id starts
+  empty. ``session_max_cells`` good cells at most (a call beyond is refused with 422);
+  ``session_max`` sessions at most (the least recently used is forgotten).
+- A request ``id`` resubmitted on a session returns the stored result and is not appended
+  twice. Sessions live in the API node that served them: behind several API nodes, route a
+  session's calls to one node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import time
+from collections import OrderedDict, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sandbox_service.api.errors import RequestRejected
+from sandbox_service.models import ErrorDetail, ExecuteRequest, ExecuteResult, Mode, Status
+from sandbox_service.programs import Cell, new_nonce, parse, program
+from sandbox_service.queue.base import Queue, QueueFull
+from sandbox_service.settings import Settings
+
+
+@dataclass
+class Session:
+    id: str
+    seed: int
+    used_at: float
+    cells: list[Cell] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+    applied: set[str] = field(default_factory=set)  # request ids whose cell was appended
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _nonce(session_id: str, request_id: str | None) -> str:
+    # A resubmitted id gets the queue's stored result, so its markers must be the same ones.
+    if request_id is None:
+        return new_nonce()
+    digest = hashlib.sha256(f"{session_id}\x00{request_id}".encode()).hexdigest()[:16]
+    return f"\x00sbx-{digest}\x00"
+
+
+class Sessions:
+    """The session store of one API node, and the submit path that uses it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.ttl_s = settings.session_ttl_s
+        self.max_cells = settings.session_max_cells
+        self.max_sessions = settings.session_max
+        self._items: OrderedDict[str, Session] = OrderedDict()
+
+    def __len__(self) -> int:
+        self._expire(time.monotonic())
+        return len(self._items)
+
+    def _expire(self, now: float) -> None:
+        while self._items:
+            oldest = next(iter(self._items.values()))
+            if oldest.used_at + self.ttl_s > now or oldest.lock.locked():
+                return
+            self._items.popitem(last=False)
+
+    def peek(self, session_id: str) -> Session | None:
+        self._expire(time.monotonic())
+        return self._items.get(session_id)
+
+    def get(self, session_id: str) -> Session:
+        """The session, created empty when unknown or forgotten; marks it used."""
+        now = time.monotonic()
+        self._expire(now)
+        session = self._items.get(session_id)
+        if session is None:
+            session = Session(session_id, secrets.randbits(32), now)
+            self._items[session_id] = session
+            while len(self._items) > self.max_sessions:
+                self._items.popitem(last=False)
+        session.used_at = now
+        self._items.move_to_end(session_id)
+        return session
+
+    def drop(self, session_id: str) -> bool:
+        return self._items.pop(session_id, None) is not None
+
+    # ------------------------------------------------------------- submit
+
+    def _check_room(self, requests: Sequence[ExecuteRequest], batch: bool) -> None:
+        wanted: dict[str, int] = defaultdict(int)
+        found = []
+        for index, request in enumerate(requests):
+            if request.session_id is None:
+                continue
+            wanted[request.session_id] += 1
+            session = self.peek(request.session_id)
+            held = len(session.cells) if session else 0
+            if held + wanted[request.session_id] <= self.max_cells:
+                continue
+            loc: list[str | int] = ["body", "requests", index] if batch else ["body"]
+            why = f"session {request.session_id!r} holds {held} cells, the most this server keeps"
+            found.append(
+                ErrorDetail(
+                    loc=[*loc, "session_id"],
+                    msg=f"{why} is {self.max_cells} (SANDBOX_SESSION_MAX_CELLS): start a new one",
+                    type="too_long",
+                    ctx={"limit": self.max_cells, "size": held},
+                )
+            )
+        if found:
+            raise RequestRejected(422, found)
+
+    async def submit(
+        self, queue: Queue, requests: Sequence[ExecuteRequest], batch: bool = True
+    ) -> list[ExecuteResult]:
+        """Run ``requests``; results in order. Those with a ``session_id`` go through their
+        session, one at a time per session; the others are submitted first, together, so a
+        full queue refuses the batch (429) before any session has changed."""
+        if all(r.session_id is None for r in requests):
+            return await queue.submit(requests)
+        self._check_room(requests, batch)
+        results: list[ExecuteResult | None] = [None] * len(requests)
+        plain = [i for i, r in enumerate(requests) if r.session_id is None]
+        if plain:
+            answered = await queue.submit([requests[i] for i in plain])
+            for i, result in zip(plain, answered, strict=True):
+                results[i] = result
+        chains: dict[str, list[int]] = defaultdict(list)
+        for i, r in enumerate(requests):
+            if r.session_id is not None:
+                chains[r.session_id].append(i)
+        done = await asyncio.gather(
+            *(self._chain(queue, sid, [requests[i] for i in ix]) for sid, ix in chains.items())
+        )
+        for indices, chain_results in zip(chains.values(), done, strict=True):
+            for i, result in zip(indices, chain_results, strict=True):
+                results[i] = result
+        return [r for r in results if r is not None]
+
+    async def _chain(
+        self, queue: Queue, session_id: str, requests: list[ExecuteRequest]
+    ) -> list[ExecuteResult]:
+        """One session's requests, in order; once one is refused the rest are too (``rejected``:
+        the client may resend them, and order is kept)."""
+        session = self.get(session_id)
+        results: list[ExecuteResult] = []
+        async with session.lock:
+            for request in requests:
+                if results and results[-1].status is Status.rejected:
+                    why = "an earlier cell of its session was refused; it did not run"
+                    results.append(
+                        ExecuteResult(id=request.id, status=Status.rejected, message=why)
+                    )
+                else:
+                    results.append(await self._step(queue, session, request))
+        return results
+
+    async def _step(self, queue: Queue, session: Session, request: ExecuteRequest) -> ExecuteResult:
+        nonce = _nonce(session.id, request.id)
+        code = program(
+            [Cell(request.code, request.mode.value)], nonce, replay=session.cells, seed=session.seed
+        )
+        files = {**session.files, **request.files}
+        wrapped = request.model_copy(update={"code": code, "mode": Mode.script, "files": files})
+        try:
+            [result] = await queue.submit([wrapped])
+        except QueueFull as exc:  # never ran: the client may send it again
+            return ExecuteResult(id=request.id, status=Status.rejected, message=str(exc))
+        driven = parse(result.stdout, result.stderr, nonce)
+        if driven.replay_failed is not None:
+            self.drop(session.id)
+            failed = driven.replay_failed
+            why = (
+                f"session {session.id!r} could not be restored: its cell {failed['replay_failed']} "
+                f"raised {failed['error']} when replayed (it depends on something that changed, "
+                "like the clock or a file); the session was discarded"
+            )
+            update = {"status": Status.error, "stdout": "", "stderr": "", "message": why}
+            return result.model_copy(update=update)
+        if result.status is Status.ok and (request.id is None or request.id not in session.applied):
+            session.cells.append(Cell(request.code, request.mode.value, request.stdin))
+            session.files.update(request.files)
+            if request.id is not None:
+                session.applied.add(request.id)
+        session.used_at = time.monotonic()
+        return result.model_copy(update={"stdout": driven.stdout, "stderr": driven.stderr})
