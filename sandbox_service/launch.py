@@ -68,13 +68,17 @@ def start(
     log_path: str,
     ready_timeout_s: float = 120.0,
     extra_env: dict[str, str] | None = None,
+    command: list[str] | None = None,
     **settings: Any,
 ) -> ServiceProcess:
-    """Start ``sandbox-service serve`` with ``settings`` (names of Settings fields)."""
+    """Start ``sandbox-service serve`` with ``settings`` (names of Settings fields).
+
+    ``command`` replaces the default ``[python, -m, sandbox_service.cli, serve]``, e.g. to run
+    the service as another user through ``setpriv``."""
     port = free_port()
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "sandbox_service.cli", "serve"],
+            command or [sys.executable, "-m", "sandbox_service.cli", "serve"],
             env=_env(settings, port, extra_env),
             stdin=subprocess.DEVNULL,
             stdout=log,

@@ -14,6 +14,7 @@ from types import FrameType
 import uvicorn
 
 from sandbox_service.api.app import create_app
+from sandbox_service.executor.isolation import set_dumpable
 from sandbox_service.runtime import EmbeddedRuntime, Runtime
 from sandbox_service.settings import Settings
 
@@ -43,6 +44,8 @@ def configure_logging(level: str) -> None:
 
 def serve(settings: Settings, runtime: Runtime | None = None) -> None:
     configure_logging(settings.log_level)
+    # Executions may share our uid (the non-root fallback): keep our /proc and memory theirs not.
+    set_dumpable(False)
     rt: Runtime = runtime if runtime is not None else EmbeddedRuntime(settings)
     app = create_app(settings, rt)
     config = uvicorn.Config(

@@ -81,7 +81,7 @@ class Settings(BaseSettings):
         description="Where working directories live when no private mount namespace is possible.",
     )
     hide_paths: CommaList = Field(
-        default_factory=lambda: ["/root", "/home"],
+        default_factory=lambda: ["/root", "/home", "/run"],
         description="Host directories executions cannot see (the interpreter's files excepted).",
     )
     tmpfs_mb: int = Field(

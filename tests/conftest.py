@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from sandbox_service.client import Retry, SandboxClient
 from sandbox_service.launch import ServiceProcess, start
 
 SECRET = "hunter2-do-not-leak"
+
+
+def wait_until_admitted(url: str, jobs: int, timeout_s: float = 20) -> None:
+    """Block until the service holds at least ``jobs`` jobs (waiting or running)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        report = httpx.get(f"{url}/v1/status").json()
+        if report["queue_depth"] + report["in_flight"] >= jobs:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{jobs} jobs were never admitted")
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,7 @@ CLONE_NEWNET = 0x40000000
 
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
+MS_NOEXEC = 0x8
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 
@@ -36,6 +37,7 @@ AT_RECURSIVE = 0x8000
 SYS_MOUNT_SETATTR = 442  # the same number on every architecture (unified table, Linux 5.12+)
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 
@@ -105,35 +107,41 @@ def _within(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
-def hide(path: str, keep: list[str]) -> list[str]:
-    """Cover ``path`` with an empty read-only tmpfs, except the ``keep`` paths inside it, which
-    stay visible where they were (the interpreter may live in /root, say). Returns what was
-    kept. Uses the mount API (Linux 5.2+) to carry the kept trees across the cover."""
+def cover(path: str, keep: list[str], *, size_mb: int = 1, mode: int = 0o755,
+          writable: bool = False) -> list[str]:  # fmt: skip
+    """Mount a fresh tmpfs over ``path``, except the ``keep`` paths inside it, which stay
+    visible where they were (the interpreter may live in /root, or a venv in /tmp). Returns the
+    kept paths inside ``path``. Read-only unless ``writable``. Uses the mount API (Linux
+    5.2+) to carry the kept trees across the cover."""
     if not os.path.isdir(path):
         return []
     inside = sorted({k for k in keep if _within(k, path) and os.path.isdir(k)})
     inside = [k for k in inside if not any(k != o and _within(k, o) for o in inside)]
     if path in inside:
-        return inside  # the whole tree is needed: nothing to hide
+        return inside  # the whole tree is needed: nothing to cover
     trees = []
     for k in inside:
         fd = _libc.syscall(SYS_OPEN_TREE, -100, k.encode(), OPEN_TREE_CLONE | AT_RECURSIVE)
         if fd < 0:
             _check(-1, f"open_tree {k}")
         trees.append((k, int(fd)))
-    mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    opts = f"size={size_mb}m,mode={mode:o},nr_inodes=65536"
+    mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts)
     for k, fd in trees:
-        os.makedirs(k, exist_ok=True)
+        os.makedirs(k, mode=0o755, exist_ok=True)
         ret = _libc.syscall(SYS_MOVE_MOUNT, fd, b"", -100, k.encode(), MOVE_MOUNT_F_EMPTY_PATH)
         os.close(fd)
         _check(int(ret), f"move_mount {k}")
-    _set_readonly(path, recursive=False)
+    if not writable:
+        _set_readonly(path, recursive=False)
     return inside
 
 
-def mount_tmpfs(target: str, size_mb: int, uid: int, gid: int, mode: int = 0o700) -> None:
-    opts = f"size={size_mb}m,mode={mode:o},uid={uid},gid={gid},nr_inodes=65536"
-    mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, opts)
+def private_proc() -> None:
+    """A procfs of our own on /proc that shows a process only its own uid's processes
+    (``hidepid=invisible``): the service, the zygotes and other slots' executions vanish,
+    with their command lines. Linux 5.8+ mounts a separate proc instance per mount."""
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
 
 
 def prctl(option: int, arg: int) -> None:
@@ -142,6 +150,13 @@ def prctl(option: int, arg: int) -> None:
 
 def die_with_parent() -> None:
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def set_dumpable(dumpable: bool) -> None:
+    """A non-dumpable process's /proc files (environ, cmdline's neighbours, fd, mem) belong to
+    root and it cannot be ptraced by its own uid: what keeps the service's environment from
+    executions that run as the same user (the non-root fallback)."""
+    prctl(PR_SET_DUMPABLE, int(dumpable))
 
 
 def become_subreaper() -> None:

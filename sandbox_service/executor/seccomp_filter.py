@@ -3,10 +3,13 @@
 The zygote compiles the filter once with libseccomp (``pyseccomp``) and keeps the raw BPF; a
 child loads those bytes with one ``prctl``, so libseccomp never runs per execution.
 
-Denied with EPERM: sockets of any family but AF_UNIX (inet, inet6, packet, netlink...),
-ptrace and cross-process memory access, (u)mount and the new mount API, namespaces
-(unshare, setns, clone with namespace flags), bpf, perf_event_open, kernel modules, kexec,
-keyrings, reboot, swap, clocks, io_uring and userfaultfd (both have bypassed filters before).
+Denied with EPERM: ``socket()`` of every family, unix included (a unix socket on the host's
+filesystem, a database's say, is reachable from any network namespace; ``socketpair`` still
+works for local plumbing such as asyncio's), ``kill(-1)`` (in the non-root fallback every
+process shares the service's uid), ptrace and cross-process memory access, (u)mount and the
+new mount API, namespaces (unshare, setns, clone with namespace flags), bpf, perf_event_open,
+kernel modules, kexec, keyrings, reboot, swap, clocks, io_uring and userfaultfd (both have
+bypassed filters before).
 ``clone3`` answers ENOSYS rather than EPERM so that glibc falls back to ``clone``, whose flags
 the filter can inspect; EPERM there would break every new thread.
 """
@@ -57,8 +60,9 @@ def build_bpf() -> bytes:
             flt.add_rule(deny, name)
         except (OSError, ValueError, RuntimeError):
             continue  # not a syscall on this architecture
-    flt.add_rule(deny, "socket", sc.Arg(0, sc.NE, AF_UNIX))
+    flt.add_rule(deny, "socket")
     flt.add_rule(deny, "socketpair", sc.Arg(0, sc.NE, AF_UNIX))
+    flt.add_rule(deny, "kill", sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFFF, 0xFFFFFFFF))  # pid -1
     for flag in NAMESPACE_FLAGS:
         flt.add_rule(deny, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
     flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")

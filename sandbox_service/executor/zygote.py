@@ -50,7 +50,7 @@ class ZygoteConfig:
     preload: list[str] = field(default_factory=list)
     warmup: str = ""
     work_root: str = "/tmp/sandbox-service"
-    hide_paths: list[str] = field(default_factory=lambda: ["/root", "/home"])
+    hide_paths: list[str] = field(default_factory=lambda: ["/root", "/home", "/run"])
     tmpfs_mb: int = 256
     max_processes: int = 64
     max_open_files: int = 256
@@ -68,7 +68,12 @@ class Confinement:
     seccomp: bool = False
     notes: dict[str, str] = field(default_factory=dict)
     filter: seccomp.Program | None = None
+    scratch_keep: dict[str, frozenset[str]] = field(default_factory=dict)
     base_address_space: int = 0
+    # Without a uid of its own, RLIMIT_NPROC counts every process of the service's user: the
+    # limit is what that user had at start plus headroom, enough to stop a fork bomb from
+    # exhausting the host's pids, not to give each execution its own budget.
+    shared_process_limit: int | None = None
 
     def report(self) -> dict[str, bool | str]:
         layers: dict[str, bool | str] = {
@@ -131,7 +136,7 @@ def interpreter_paths() -> list[str]:
     return sorted({os.path.realpath(p) for p in paths} | {os.path.abspath(p) for p in paths})
 
 
-SCRATCH_MODES = {"/tmp": 0o700, "/dev/shm": 0o1777}
+SCRATCH_MODE = 0o1777  # root-owned and sticky, like a host's /tmp
 
 
 def scratch_dirs(cfg: ZygoteConfig) -> list[tuple[str, int]]:
@@ -139,10 +144,13 @@ def scratch_dirs(cfg: ZygoteConfig) -> list[tuple[str, int]]:
     return [("/tmp", cfg.tmpfs_mb), ("/dev/shm", min(SHM_MB, cfg.tmpfs_mb))]
 
 
-def empty_directory(path: str) -> bool:
-    """Remove everything inside ``path``; True if it is empty afterwards."""
+def empty_directory(path: str, keep: frozenset[str] = frozenset()) -> bool:
+    """Remove everything inside ``path`` but the entries named in ``keep`` (those holding
+    the interpreter's files); True if nothing else is left."""
     with os.scandir(path) as entries:
         for entry in entries:
+            if entry.name in keep:
+                continue
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
@@ -150,7 +158,7 @@ def empty_directory(path: str) -> bool:
                     os.unlink(entry.path)
                 except OSError:
                     pass
-    return not os.listdir(path)
+    return set(os.listdir(path)) <= keep
 
 
 def confine_zygote(cfg: ZygoteConfig) -> Confinement:
@@ -165,12 +173,15 @@ def confine_zygote(cfg: ZygoteConfig) -> Confinement:
         def mount_ns() -> None:
             iso.unshare(iso.CLONE_NEWNS)
             iso.private_readonly_root()
+            iso.private_proc()
             for path in cfg.hide_paths:
-                iso.hide(path, keep=interpreter_paths())
-            uid = cfg.uid if root and cfg.uid is not None else os.getuid()
-            gid = cfg.gid if root and cfg.gid is not None else os.getgid()
+                iso.cover(path, interpreter_paths())
             for path, size_mb in scratch_dirs(cfg):
-                iso.mount_tmpfs(path, size_mb, uid, gid, mode=SCRATCH_MODES[path])
+                kept = iso.cover(path, interpreter_paths(), size_mb=size_mb, mode=SCRATCH_MODE,
+                                 writable=True)  # fmt: skip
+                conf.scratch_keep[path] = frozenset(
+                    os.path.relpath(k, path).split("/")[0] for k in kept
+                )
 
         conf.mount = _try(conf, "mount", mount_ns)
     if "uid" in wanted:
@@ -274,11 +285,12 @@ def child(req: dict[str, Any], cfg: ZygoteConfig, conf: Confinement, pipes: Pipe
         cpu_seconds=math.ceil(timeout) + 1,
         file_size=cfg.max_file_mb * MIB,
         open_files=cfg.max_open_files,
-        processes=cfg.max_processes if conf.uid else None,
+        processes=cfg.max_processes if conf.uid else conf.shared_process_limit,
     )
     if conf.uid:
         iso.drop_to(uid, gid)
     iso.die_with_parent()  # after the uid change, which clears it
+    iso.set_dumpable(True)  # its own /proc/self as any process has (the zygote's is hidden)
     if os.getppid() != zygote_pid:
         os._exit(SETUP_FAILED)
     os.chdir(workdir)
@@ -409,9 +421,9 @@ class Zygote:
             self.dirty = self.dirty or os.path.exists(workdir)
             return
         for path, _ in scratch_dirs(self.cfg):
-            if not empty_directory(path):
+            if not empty_directory(path, self.conf.scratch_keep.get(path, frozenset())):
                 self.dirty = True
-            os.chmod(path, SCRATCH_MODES[path])
+            os.chmod(path, SCRATCH_MODE)
 
     def _fork(self, req: dict[str, Any], pipes: Pipes, workdir: str) -> int:
         pid = os.fork()
@@ -508,6 +520,7 @@ def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[1]))
     iso.die_with_parent()
     iso.become_subreaper()
+    iso.set_dumpable(False)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the service, which stops us
     conf = confine_zygote(cfg)
@@ -521,6 +534,8 @@ def main(argv: list[str]) -> None:
     huge_mb = iso.collapse_heap_into_huge_pages()
     mem = iso.memory_status()
     conf.base_address_space = mem.get("VmSize", 0)
+    if not conf.uid:
+        conf.shared_process_limit = iso.count_processes_of(os.getuid()) + 4 * cfg.max_processes
     protocol.send(
         sock,
         {

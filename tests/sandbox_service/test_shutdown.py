@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 
 from sandbox_service.launch import start
+from tests.conftest import wait_until_admitted
 
 
 def test_sigterm_answers_in_flight_work_and_leaves_nothing(tmp_path: Path) -> None:
@@ -18,7 +19,7 @@ def test_sigterm_answers_in_flight_work_and_leaves_nothing(tmp_path: Path) -> No
     batch = {"requests": [{"code": f"import time; time.sleep(0.5); print({i})"} for i in range(4)]}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(httpx.post, f"{service.url}/v1/execute/batch", json=batch, timeout=60)
-        time.sleep(0.3)
+        wait_until_admitted(service.url, 4)
         started = time.monotonic()
         code = service.stop()
         response = pending.result()
@@ -35,7 +36,7 @@ def test_grace_period_over_rejects_queued_work(tmp_path: Path) -> None:
     batch = {"requests": [{"code": "import time; time.sleep(0.3)"}] * 6}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(httpx.post, f"{service.url}/v1/execute/batch", json=batch, timeout=60)
-        time.sleep(0.2)
+        wait_until_admitted(service.url, 6)
         service.stop()
         statuses = [r["status"] for r in pending.result().json()["results"]]
     assert statuses[0] == "ok"

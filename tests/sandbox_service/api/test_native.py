@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import concurrent.futures
-import time
 import uuid
 
 import httpx
 
 from sandbox_service.launch import ServiceProcess
 from sandbox_service.models import BatchResponse, ExecuteResult, Status, StatusReport
+from tests.conftest import wait_until_admitted
 
 
 def test_single_and_batch(tight_service: ServiceProcess) -> None:
@@ -37,7 +37,7 @@ def test_queue_full_answers_429_with_retry_after(tight_service: ServiceProcess) 
         running = pool.submit(
             httpx.post, f"{tight_service.url}/v1/execute/batch", json=slow, timeout=30
         )
-        time.sleep(0.3)
+        wait_until_admitted(tight_service.url, 3)
         r = httpx.post(f"{tight_service.url}/v1/execute", json={"code": "print(1)"})
         assert r.status_code == 429
         assert r.headers["retry-after"] == "1"

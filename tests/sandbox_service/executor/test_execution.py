@@ -84,7 +84,8 @@ def test_timeout_kills_whole_process_group(client: SandboxClient) -> None:
     r = client.execute(code, timeout_s=1)
     elapsed = time.monotonic() - start
     assert r.status is Status.timeout and r.signal == 9
-    assert elapsed < 2.5 and 1.0 <= r.wall_time_s < 1.5
+    assert 1.0 <= r.wall_time_s < 1.5  # the zygote's own clock
+    assert elapsed < 5  # end to end, on a loaded 2-core machine
     for pid in map(int, r.stdout.split()):
         assert not _alive(pid), f"process {pid} survived the timeout"
 
