@@ -1,7 +1,7 @@
 """Container health check: healthy when the service answers ``GET /healthz`` on its port.
 
 An embedded or API node answers on ``SANDBOX_PORT`` (8000), a worker on
-``SANDBOX_METRICS_PORT`` (9100); the first that answers 200 decides, so one image-level
+``SANDBOX_WORKER_METRICS_PORT`` (9100); the first that answers 200 decides, so one image-level
 HEALTHCHECK serves every role. Standard library only: it runs in the service's image.
 """
 
@@ -18,7 +18,7 @@ TIMEOUT_S = 2.0
 def ports(env: dict[str, str]) -> list[int]:
     """Where to look, in order: the API port, then the worker's metrics port."""
     found = []
-    for name, default in (("SANDBOX_PORT", "8000"), ("SANDBOX_METRICS_PORT", "9100")):
+    for name, default in (("SANDBOX_PORT", "8000"), ("SANDBOX_WORKER_METRICS_PORT", "9100")):
         port = int(env.get(name) or default)
         if port not in found:
             found.append(port)

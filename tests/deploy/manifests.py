@@ -44,6 +44,16 @@ CRD_SCHEMAS = {
 
 Doc = dict[str, Any]
 
+# What the isolation layers of a worker use (deploy/README.md explains each).
+WORKER_CAPABILITIES = {"SETUID", "SETGID", "KILL", "CHOWN", "DAC_OVERRIDE", "FOWNER", "SYS_ADMIN"}
+# A stopping worker lets running jobs finish (graceful_shutdown_s; a run may take max_timeout_s),
+# then waits out its last fetch and settles what it holds (10 s at most), then stops its slots.
+WORKER_DRAIN_MARGIN_S = 25
+WORKER_METRICS_PORT = 9100  # the default of the worker's metrics port
+# Settings that arrive with the Redis scale-out (API and worker nodes); until that lands in
+# sandbox_service/settings.py the deployment may already name them.
+REDIS_SETTINGS = {"redis_url", "worker_metrics_port"}
+
 
 # ---------------------------------------------------------------- rendering
 

@@ -25,13 +25,21 @@ import yaml
 from sandbox_service import cli
 from sandbox_service.server import DELIVERY_GRACE_S
 from sandbox_service.settings import Settings
-from tests.deploy.manifests import DEPLOY, OVERLAYS, ROOT, container, kustomize_command, render
+from tests.deploy.manifests import (
+    DEPLOY,
+    OVERLAYS,
+    REDIS_SETTINGS,
+    ROOT,
+    WORKER_CAPABILITIES,
+    WORKER_DRAIN_MARGIN_S,
+    WORKER_METRICS_PORT,
+    container,
+    kustomize_command,
+    render,
+)
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 COMPOSE = DEPLOY / "compose.yaml"
-# Settings that arrive with the Redis scale-out (API and worker nodes); until that lands in
-# sandbox_service/settings.py the deployment may already name them.
-REDIS_SETTINGS = {"redis_url", "metrics_port"}
 ROLES = {"serve", "api", "worker"}
 
 
@@ -142,7 +150,8 @@ def test_image_environment_and_ports_match_the_settings() -> None:
     assert sandbox - REDIS_SETTINGS <= set(Settings.model_fields)
     assert env["SANDBOX_HOST"] == "0.0.0.0"
     exposed = {int(p) for w, a in runtime if w == "EXPOSE" for p in a.split()}
-    assert {int(env["SANDBOX_PORT"]), int(env["SANDBOX_METRICS_PORT"])} == exposed
+    metrics = int(env.get("SANDBOX_WORKER_METRICS_PORT", WORKER_METRICS_PORT))
+    assert {int(env["SANDBOX_PORT"]), metrics} == exposed
 
 
 # ---------------------------------------------------------------- compose
@@ -201,13 +210,12 @@ def test_compose_services_are_confined_like_the_cluster_ones() -> None:
         assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"], name
         assert "no-new-privileges:true" in svc["security_opt"], name
     assert "cap_add" not in services["api"]
-    from tests.deploy.test_k8s_security import WORKER_CAPABILITIES
-
     assert set(services["worker"]["cap_add"]) <= WORKER_CAPABILITIES
     assert services["worker"]["user"] == "0:0"
     assert {v["target"] for v in services["worker"]["volumes"]} == {"/tmp"}
     worker = _settings(services["worker"])
-    assert _stop_grace_s(services["worker"]) >= worker.max_timeout_s + 15
+    assert worker.graceful_shutdown_s >= worker.max_timeout_s
+    assert _stop_grace_s(services["worker"]) >= worker.graceful_shutdown_s + WORKER_DRAIN_MARGIN_S
     api = _settings(services["api"])
     assert _stop_grace_s(services["api"]) >= api.graceful_shutdown_s + DELIVERY_GRACE_S
     assert int(services["worker"]["deploy"]["replicas"]) >= 1
@@ -222,7 +230,8 @@ def test_prometheus_scrapes_every_role_where_it_listens() -> None:
         for sd in job["dns_sd_configs"]
     }
     api_port = int(services["api"]["environment"]["SANDBOX_PORT"])
-    worker_port = int(services["worker"]["environment"]["SANDBOX_METRICS_PORT"])
+    worker_env = services["worker"]["environment"]
+    worker_port = int(worker_env.get("SANDBOX_WORKER_METRICS_PORT", WORKER_METRICS_PORT))
     assert targets == {("api", api_port), ("worker", worker_port)}
     assert all(job["metrics_path"] == "/metrics" for job in config["scrape_configs"])
     mounted = services["prometheus"]["volumes"][0].split(":")[0]
@@ -324,11 +333,11 @@ def test_healthcheck_finds_the_port_that_answers(
     health = _load_healthcheck()
     assert health.ports({}) == [8000, 9100]
     monkeypatch.setenv("SANDBOX_PORT", str(_closed_port()))
-    monkeypatch.setenv("SANDBOX_METRICS_PORT", str(healthz_port))
+    monkeypatch.setenv("SANDBOX_WORKER_METRICS_PORT", str(healthz_port))
     assert health.main() == 0  # a worker: only the metrics port answers
     monkeypatch.setenv("SANDBOX_PORT", str(healthz_port))
-    monkeypatch.setenv("SANDBOX_METRICS_PORT", str(_closed_port()))
+    monkeypatch.setenv("SANDBOX_WORKER_METRICS_PORT", str(_closed_port()))
     assert health.main() == 0  # an API node
     monkeypatch.setenv("SANDBOX_PORT", str(_closed_port()))
-    monkeypatch.setenv("SANDBOX_METRICS_PORT", str(_closed_port()))
+    monkeypatch.setenv("SANDBOX_WORKER_METRICS_PORT", str(_closed_port()))
     assert health.main() == 1

@@ -15,9 +15,13 @@ import pytest
 import yaml
 
 from sandbox_service.server import DELIVERY_GRACE_S
+from sandbox_service.settings import Settings
 from tests.deploy.manifests import (
     K8S,
     OVERLAYS,
+    WORKER_CAPABILITIES,
+    WORKER_DRAIN_MARGIN_S,
+    WORKER_METRICS_PORT,
     Doc,
     container,
     env_of,
@@ -36,8 +40,6 @@ pytestmark = pytest.mark.skipif(
     kustomize_command() is None, reason="no kubectl or kustomize on PATH: cannot render overlays"
 )
 
-# What each isolation layer of a worker uses (deploy/README.md explains each).
-WORKER_CAPABILITIES = {"SETUID", "SETGID", "KILL", "CHOWN", "DAC_OVERRIDE", "FOWNER", "SYS_ADMIN"}
 # Capabilities the `baseline` Pod Security level lets a container add.
 BASELINE_CAPABILITIES = {
     "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
@@ -47,9 +49,6 @@ WORKER = {"app.kubernetes.io/name": "sandbox-service", "app.kubernetes.io/compon
 API = {"app.kubernetes.io/name": "sandbox-service", "app.kubernetes.io/component": "api"}
 REDIS = {"app.kubernetes.io/name": "sandbox-service", "app.kubernetes.io/component": "redis"}
 KUBE_DNS = {"k8s-app": "kube-dns"}
-# The worker's drain is bounded by max_timeout_s; this much more covers stopping the zygotes
-# and acknowledging the last results.
-WORKER_DRAIN_MARGIN_S = 15
 
 
 def overlays() -> pytest.MarkDecorator:
@@ -150,19 +149,16 @@ def test_every_container_has_requests_and_limits(overlay: str) -> None:
 
 @overlays()
 @pytest.mark.parametrize(("deployment", "port_setting"), [
-    ("sandbox-api", "port"), ("sandbox-worker", "metrics_port"),
+    ("sandbox-api", "port"), ("sandbox-worker", "worker_metrics_port"),
 ])  # fmt: skip
 def test_probes_on_readyz_and_healthz_at_the_port_the_service_listens_on(
     overlay: str, deployment: str, port_setting: str
 ) -> None:
     c = container(render(f"overlays/{overlay}"), deployment)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    env = env_of(c)
-    # metrics_port lands with the Redis worker; until then its documented default is 9100.
-    listens = int(env.get(f"SANDBOX_{port_setting.upper()}", 8000 if port_setting == "port"
-                          else 9100))  # fmt: skip
-    if port_setting == "port":
-        assert setting(c, "port") == listens
+    # worker_metrics_port lands with the Redis scale-out; until then, its default.
+    listens = setting(c, port_setting) if port_setting in Settings.model_fields else (
+        int(env_of(c).get("SANDBOX_WORKER_METRICS_PORT", WORKER_METRICS_PORT)))  # fmt: skip
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
@@ -292,8 +288,16 @@ REDIS_STREAMS_PARAMETERS = {
     "usernameFromEnv", "passwordFromEnv", "stream", "consumerGroup", "pendingEntriesCount",
     "streamLength", "lagCount", "activationLagCount", "enableTLS", "unsafeSsl", "databaseIndex",
 }  # fmt: skip
-# The job stream and consumer group of the Redis queue (the interface the workers implement).
-JOB_STREAM, CONSUMER_GROUP = "sandbox:jobs", "workers"
+
+
+def job_stream_and_group() -> tuple[str, str]:
+    """The job stream and consumer group, from the Redis queue's key schema once it is
+    merged; until then, the names of its interface."""
+    try:
+        from sandbox_service.queue import keys  # type: ignore[attr-defined]
+    except ImportError:
+        return "sandbox:jobs", "workers"
+    return keys.Keys(Settings().redis_prefix).jobs, keys.GROUP
 
 
 @pytest.mark.parametrize("overlay", [o for o in OVERLAYS if o != "no-keda"])
@@ -306,7 +310,7 @@ def test_keda_reads_the_job_stream_of_the_workers_group(overlay: str) -> None:
         meta = trigger["metadata"]
         assert trigger["type"] == "redis-streams"
         assert set(meta) <= REDIS_STREAMS_PARAMETERS, set(meta) - REDIS_STREAMS_PARAMETERS
-        assert (meta["stream"], meta["consumerGroup"]) == (JOB_STREAM, CONSUMER_GROUP)
+        assert (meta["stream"], meta["consumerGroup"]) == job_stream_and_group()
         assert meta["addressFromEnv"] in {e["name"] for e in worker["env"]}
         modes |= set(meta) & {"lagCount", "pendingEntriesCount"}
         if "lagCount" in meta:
@@ -333,7 +337,10 @@ def test_dashboard_plots_only_exported_series() -> None:
 def test_worker_grace_period_covers_the_longest_run(overlay: str) -> None:
     docs = render(f"overlays/{overlay}")
     spec = named(docs, "Deployment", "sandbox-worker")["spec"]["template"]["spec"]
-    drain = setting(spec["containers"][0], "max_timeout_s")
+    c = spec["containers"][0]
+    # Running jobs get graceful_shutdown_s; one may need max_timeout_s: the first covers it.
+    assert setting(c, "graceful_shutdown_s") >= setting(c, "max_timeout_s")
+    drain = setting(c, "graceful_shutdown_s")
     assert spec["terminationGracePeriodSeconds"] >= drain + WORKER_DRAIN_MARGIN_S
     assert "lifecycle" not in spec["containers"][0], "a preStop delay would eat the drain time"
 
