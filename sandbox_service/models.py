@@ -17,6 +17,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 SUPPORTED_LANGUAGES = ("python",)
+# For the published schema: what the validators below accept, as JSON Schema can say it.
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+RELATIVE_PATH_PATTERN = r"^(?!/)(?!(?:.*/)?\.\.(?:/|$))(?!\.?/*$)[^\x00]+$"
 
 
 class Status(str, enum.Enum):
@@ -74,7 +77,11 @@ class ExecuteRequest(BaseModel):
 
     code: str = Field(description="The program's source.")
     stdin: str = Field(default="", description="Standard input given to the program.")
-    language: str = Field(default="python", description="Only 'python' is supported.")
+    language: str = Field(
+        default="python",
+        description="Only 'python' is supported.",
+        json_schema_extra={"enum": list(SUPPORTED_LANGUAGES)},
+    )
     timeout_s: float = Field(default=10.0, gt=0, description="Wall-clock limit in seconds.")
     memory_mb: int = Field(default=1024, gt=0, description="Address-space limit in MiB.")
     mode: Mode = Field(
@@ -84,6 +91,10 @@ class ExecuteRequest(BaseModel):
     files: dict[str, str] = Field(
         default_factory=dict,
         description="Files written into the working directory first: relative path -> base64.",
+        json_schema_extra={
+            "propertyNames": {"pattern": RELATIVE_PATH_PATTERN},
+            "additionalProperties": {"type": "string", "pattern": BASE64_PATTERN},
+        },
     )
     id: str | None = Field(
         default=None,

@@ -103,13 +103,16 @@ class Settings(BaseSettings):
     # API (policy).
     max_timeout_s: float = Field(default=120.0, gt=0, description="Largest timeout_s accepted.")
     max_memory_mb: int = Field(default=8192, gt=0, description="Largest memory_mb accepted.")
-    max_code_bytes: int = Field(
-        default=1024 * 1024, gt=0, description="Largest program accepted (413 beyond)."
+    max_code_chars: int = Field(
+        default=1_000_000, gt=0, description="Longest program accepted, in characters (413 beyond)."
     )
-    max_input_bytes: int = Field(
+    max_stdin_chars: int = Field(
+        default=16_000_000, gt=0, description="Longest stdin accepted, in characters (413 beyond)."
+    )
+    max_files_bytes: int = Field(
         default=16 * 1024 * 1024,
         gt=0,
-        description="Largest stdin plus decoded files of one request (413 beyond).",
+        description="Most decoded bytes of files in one request (413 beyond).",
     )
     max_batch: int = Field(default=1024, ge=1, description="Most requests in one batch.")
     max_body_mb: int = Field(default=64, ge=1, description="Largest HTTP request body, in MiB.")

@@ -59,8 +59,9 @@ def tight_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceP
         max_batch=4,
         max_timeout_s=5,
         max_memory_mb=2048,
-        max_code_bytes=1000,
-        max_input_bytes=1000,
+        max_code_chars=1000,
+        max_stdin_chars=1000,
+        max_files_bytes=1000,
     )
     yield svc
     svc.stop()

@@ -61,8 +61,20 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
-def _with_request_schemas(app: FastAPI, models: list[type[BaseModel]]) -> None:
-    """Routes that parse their own bodies still publish the request schemas."""
+def _publish_limits(components: dict[str, Any], settings: Settings) -> None:
+    """Write this server's maxima into the published schema, so that a client (or a fuzzer)
+    following the document is not refused: maxLength counts characters, as the server does."""
+    request = components["ExecuteRequest"]["properties"]
+    request["timeout_s"]["maximum"] = settings.max_timeout_s
+    request["memory_mb"]["maximum"] = settings.max_memory_mb
+    request["code"]["maxLength"] = settings.max_code_chars
+    request["stdin"]["maxLength"] = settings.max_stdin_chars
+    request["files"]["description"] += f" At most {settings.max_files_bytes} bytes decoded."
+    components["BatchRequest"]["properties"]["requests"]["maxItems"] = settings.max_batch
+
+
+def _with_request_schemas(app: FastAPI, models: list[type[BaseModel]], settings: Settings) -> None:
+    """Routes that parse their own bodies still publish the request schemas, with limits."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
@@ -76,6 +88,7 @@ def _with_request_schemas(app: FastAPI, models: list[type[BaseModel]]) -> None:
             for name, definition in model_schema.pop("$defs", {}).items():
                 components.setdefault(name, definition)
             components[model.__name__] = model_schema
+        _publish_limits(components, settings)
         app.openapi_schema = schema
         return schema
 
@@ -105,5 +118,5 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.include_router(native.router)
     app.include_router(health.router)
     errors.install(app)
-    _with_request_schemas(app, [ExecuteRequest, BatchRequest])
+    _with_request_schemas(app, [ExecuteRequest, BatchRequest], settings)
     return app

@@ -14,13 +14,13 @@ from sandbox_service.models import ErrorDetail, ExecuteRequest
 from sandbox_service.settings import Settings
 
 
-def _utf8_size(text: str) -> int:
-    # At most 4 bytes a character: skip the encode when the answer cannot exceed a limit.
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-
-
-def _decoded_size(b64: str) -> int:
-    return len(b64) * 3 // 4
+def _too_large(loc: list[str | int], what: str, size: int, limit: int) -> ErrorDetail:
+    return ErrorDetail(
+        loc=loc,
+        msg=f"{what} is {size}; this server accepts at most {limit}",
+        type="too_large",
+        ctx={"limit": limit, "size": size},
+    )
 
 
 def problems(
@@ -37,22 +37,23 @@ def problems(
     if "memory_mb" not in given:
         request.memory_mb = min(request.memory_mb, settings.max_memory_mb)
     found = []
-    size = _utf8_size(request.code)
-    if size > settings.max_code_bytes:
-        found.append(ErrorDetail(
-            loc=[*loc, "code"],
-            msg=f"code is {size} bytes; this server accepts at most {settings.max_code_bytes}",
-            type="too_large",
-            ctx={"limit": settings.max_code_bytes, "size": size},
-        ))  # fmt: skip
-    inputs = _utf8_size(request.stdin) + sum(_decoded_size(d) for d in request.files.values())
-    if inputs > settings.max_input_bytes:
-        found.append(ErrorDetail(
-            loc=[*loc, "files" if request.files else "stdin"],
-            msg=f"stdin and files are {inputs} bytes; at most {settings.max_input_bytes}",
-            type="too_large",
-            ctx={"limit": settings.max_input_bytes, "size": inputs},
-        ))  # fmt: skip
+    if len(request.code) > settings.max_code_chars:
+        size = len(request.code)
+        found.append(
+            _too_large([*loc, "code"], "code, in characters,", size, settings.max_code_chars)
+        )
+    if len(request.stdin) > settings.max_stdin_chars:
+        size = len(request.stdin)
+        found.append(
+            _too_large([*loc, "stdin"], "stdin, in characters,", size, settings.max_stdin_chars)
+        )
+    files = sum(len(d) * 3 // 4 for d in request.files.values())
+    if files > settings.max_files_bytes:
+        found.append(
+            _too_large(
+                [*loc, "files"], "files, decoded, in bytes,", files, settings.max_files_bytes
+            )
+        )
     if request.timeout_s > settings.max_timeout_s:
         found.append(ErrorDetail(
             loc=[*loc, "timeout_s"],

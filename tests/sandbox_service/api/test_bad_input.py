@@ -53,6 +53,13 @@ CASES = [
     ("code too big", "/v1/execute", {"code": "#" * 1001}, 413, ["body", "code"]),
     ("stdin too big", "/v1/execute", {"code": "1", "stdin": "x" * 1001}, 413, ["body", "stdin"]),
     (
+        "files too big",
+        "/v1/execute",
+        {"code": "1", "files": {"a": base64.b64encode(b"x" * 1002).decode()}},
+        413,
+        ["body", "files"],
+    ),
+    (
         "absolute path",
         "/v1/execute",
         {"code": "1", "files": {"/etc/passwd": ""}},
