@@ -184,3 +184,37 @@ class Settings(BaseSettings):
         description="code-judge results keep this many characters of stdout and of stderr "
         "(its MAX_STDOUT_ERROR_LENGTH); 0 keeps all.",
     )
+
+    # ------------------------------------------------------------ executor backend
+    # Appended for deployment (issue 6): where zygotes run. `docker` is optional and needs the
+    # `docker` extra and a Docker engine; see sandbox_service/executor/docker_backend.py.
+    executor_backend: str = Field(
+        default="local",
+        pattern="^(local|docker)$",
+        description=(
+            "Where each slot's zygote runs: `local` (a child process) or `docker` (a long-lived "
+            "container per slot: no network, read-only root, pids and memory limits)."
+        ),
+    )
+    docker_image: str = Field(
+        default="sandbox-service:latest",
+        description="Image of the slot containers (docker backend); it must hold this package.",
+    )
+    docker_runtime: str = Field(
+        default="",
+        description="OCI runtime of the slot containers, e.g. runsc for gVisor (docker backend; "
+        "empty: the engine's default).",
+    )
+    docker_memory_mb: int = Field(
+        default=4096,
+        ge=256,
+        description="Memory limit of each slot container, swap included, in MiB (docker backend).",
+    )
+    docker_pids_limit: int = Field(
+        default=256,
+        ge=16,
+        description="Most processes and threads in each slot container (docker backend).",
+    )
+    docker_cpus: float = Field(
+        default=1.0, gt=0, description="CPUs each slot container may use (docker backend)."
+    )

@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any
 
-from sandbox_service.executor.slot import Slot, SlotStartError
+from sandbox_service.executor.slot import Launcher, Slot, SlotStartError, launch_local
 from sandbox_service.executor.zygote import ZygoteConfig
 from sandbox_service.settings import Settings
 
@@ -25,7 +25,9 @@ class IsolationUnavailable(RuntimeError):
 
 
 def zygote_config(settings: Settings, index: int) -> ZygoteConfig:
-    uid = settings.uid_base + index if os.geteuid() == 0 else None
+    # A slot container's zygote runs as root in its container, whoever runs the service.
+    root = os.geteuid() == 0 or settings.executor_backend == "docker"
+    uid = settings.uid_base + index if root else None
     return ZygoteConfig(
         slot=index,
         uid=uid,
@@ -43,10 +45,20 @@ def zygote_config(settings: Settings, index: int) -> ZygoteConfig:
     )
 
 
+def launcher(settings: Settings) -> Launcher:
+    """How zygotes are started: local child processes, or containers (executor_backend)."""
+    if settings.executor_backend == "docker":
+        from sandbox_service.executor.docker_backend import DockerLauncher
+
+        return DockerLauncher(settings)
+    return launch_local
+
+
 class SlotPool:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.slots = [Slot(zygote_config(settings, i)) for i in range(settings.slots)]
+        launch = launcher(settings)
+        self.slots = [Slot(zygote_config(settings, i), launch) for i in range(settings.slots)]
         self.isolation: dict[str, bool | str] = {}
         self.zygote: dict[str, Any] = {}
 

@@ -16,8 +16,9 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Protocol
 
 import sandbox_service
 from sandbox_service.executor import protocol
@@ -49,11 +50,56 @@ def _zygote_env() -> dict[str, str]:
     }
 
 
+class ZygoteProcess(Protocol):
+    """What a slot needs of a started zygote: a local child process, or a container."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+# Starts a zygote for a config and connects to it: (process, frames from it, frames to it).
+Launcher = Callable[
+    [ZygoteConfig],
+    Awaitable[tuple[ZygoteProcess, asyncio.StreamReader, asyncio.StreamWriter]],
+]
+
+
+async def launch_local(
+    cfg: ZygoteConfig,
+) -> tuple[ZygoteProcess, asyncio.StreamReader, asyncio.StreamWriter]:
+    """The default launcher: the zygote as a child process, frames over a socketpair."""
+    parent, child = socket.socketpair()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "sandbox_service.executor.zygote",
+            json.dumps(asdict(cfg)),
+            str(child.fileno()),
+            pass_fds=[child.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env=_zygote_env(),
+        )
+    finally:
+        child.close()
+    reader, writer = await asyncio.open_unix_connection(sock=parent)
+    return proc, reader, writer
+
+
 class Slot:
-    def __init__(self, cfg: ZygoteConfig) -> None:
+    def __init__(self, cfg: ZygoteConfig, launch: Launcher = launch_local) -> None:
         self.cfg = cfg
         self.index = cfg.slot
-        self.proc: asyncio.subprocess.Process | None = None
+        self._launch = launch
+        self.proc: ZygoteProcess | None = None
         self.ready: dict[str, Any] = {}
         self.busy = False
         self.executions = 0
@@ -78,22 +124,7 @@ class Slot:
 
     async def start(self) -> dict[str, Any]:
         """Start the zygote and wait for its ready report (isolation layers, memory)."""
-        parent, child = socket.socketpair()
-        try:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "sandbox_service.executor.zygote",
-                json.dumps(asdict(self.cfg)),
-                str(child.fileno()),
-                pass_fds=[child.fileno()],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                env=_zygote_env(),
-            )
-        finally:
-            child.close()
-        self._reader, self._writer = await asyncio.open_unix_connection(sock=parent)
+        self.proc, self._reader, self._writer = await self._launch(self.cfg)
         try:
             msg = await asyncio.wait_for(protocol.read_message(self._reader), START_TIMEOUT_S)
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as exc:
