@@ -19,7 +19,6 @@ import gc
 import json
 import math
 import os
-import select
 import shutil
 import signal
 import socket
@@ -29,12 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox_service.executor import isolation as iso
-from sandbox_service.executor import protocol, runner
+from sandbox_service.executor import protocol, runner, supervise
 from sandbox_service.executor import seccomp_filter as seccomp
 
 MIB = 1024 * 1024
 SETUP_FAILED = 125
-SETUP_ERROR = b"setup_error:"
+SETUP_ERROR = supervise.SETUP_ERROR
 CLEANUP_GRACE_S = 2.0
 SHM_MB = 64
 
@@ -232,36 +231,6 @@ def preload(modules: list[str], warmup: str) -> list[str]:
 # ---------------------------------------------------------------- one execution
 
 
-@dataclass
-class Pipes:
-    stdin: int
-    out_r: int
-    out_w: int
-    err_r: int
-    err_w: int
-    st_r: int
-    st_w: int
-
-    @classmethod
-    def open(cls, stdin: bytes) -> Pipes:
-        fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
-        if stdin:
-            os.write(fd, stdin)
-            os.lseek(fd, 0, os.SEEK_SET)
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        st_r, st_w = os.pipe2(os.O_CLOEXEC)
-        return cls(fd, out_r, out_w, err_r, err_w, st_r, st_w)
-
-    def close_child_ends(self) -> None:
-        for fd in (self.stdin, self.out_w, self.err_w, self.st_w):
-            os.close(fd)
-
-    def close_parent_ends(self) -> None:
-        for fd in (self.out_r, self.err_r, self.st_r):
-            os.close(fd)
-
-
 def _write_files(files: dict[str, str]) -> None:
     import base64
 
@@ -273,7 +242,7 @@ def _write_files(files: dict[str, str]) -> None:
             f.write(base64.b64decode(data))
 
 
-def child(req: dict[str, Any], cfg: ZygoteConfig, conf: Confinement, pipes: Pipes,
+def child(req: dict[str, Any], cfg: ZygoteConfig, conf: Confinement, pipes: supervise.Pipes,
           workdir: str, zygote_pid: int) -> None:  # fmt: skip
     """Confine this freshly forked process (descriptors already in place) and run the program;
     never returns."""
@@ -299,102 +268,6 @@ def child(req: dict[str, Any], cfg: ZygoteConfig, conf: Confinement, pipes: Pipe
         iso.no_new_privs()
         conf.filter.load()
     runner.main(req["code"], req.get("mode", "script"), workdir)
-
-
-@dataclass
-class Capture:
-    """Output of one stream, capped."""
-
-    cap: int
-    data: bytearray = field(default_factory=bytearray)
-    truncated: bool = False
-
-    def add(self, chunk: bytes) -> None:
-        room = self.cap - len(self.data)
-        if len(chunk) > room:
-            self.truncated = True
-            chunk = chunk[: max(room, 0)]
-        self.data += chunk
-
-    def text(self) -> str:
-        return self.data.decode("utf-8", errors="replace")
-
-
-@dataclass
-class Watch:
-    """What the supervisor saw while the child ran."""
-
-    exited: bool = False
-    reason: str | None = None  # "timeout" or "output" when we killed it
-    end: float = 0.0
-
-
-def _read_into(fd: int, capture: Capture) -> bool:
-    """Read what is there; False at end of file or when nothing more is there now."""
-    try:
-        chunk = os.read(fd, 65536)
-    except BlockingIOError:
-        return False
-    capture.add(chunk)
-    return bool(chunk)
-
-
-def watch(pidfd: int, streams: dict[int, Capture], timeout_s: float, start: float) -> Watch:
-    """Wait until the child exits, runs out of time, or overflows an output cap."""
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    for fd in streams:
-        poller.register(fd, select.POLLIN)
-    deadline = start + timeout_s
-    seen = Watch()
-    while not seen.exited:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            seen.reason = "timeout"
-            break
-        for fd, _ in poller.poll(remaining * 1000 + 1):
-            if fd == pidfd:
-                seen.exited = True
-            elif not _read_into(fd, streams[fd]):
-                poller.unregister(fd)
-        if any(c.truncated for c in streams.values()):
-            seen.reason = "output"
-            break
-    seen.end = time.monotonic()
-    return seen
-
-
-def _drain(streams: dict[int, Capture]) -> None:
-    """After every writer is dead: read what is left in the pipes."""
-    for fd, capture in streams.items():
-        os.set_blocking(fd, False)
-        while not capture.truncated and _read_into(fd, capture):
-            pass
-
-
-def verdict(status: int, seen: Watch, outputs: list[Capture], note: bytes, timeout_s: float,
-            ) -> tuple[str, int | None, int | None, str]:  # fmt: skip
-    """(status, exit_code, signal, message) from how the child ended."""
-    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-    if note.startswith(SETUP_ERROR):
-        return "internal_error", code, sig, note.decode(errors="replace").strip()
-    if seen.reason == "timeout":
-        return "timeout", code, sig, f"wall-clock limit of {timeout_s:g} s exceeded"
-    if seen.reason == "output" or any(c.truncated for c in outputs):
-        cap = outputs[0].cap
-        return "output_limit", code, sig, f"output exceeded {cap} bytes per stream"
-    if sig == signal.SIGXCPU:
-        return "timeout", code, sig, "CPU-time limit exceeded"
-    if sig == signal.SIGKILL:
-        return "killed", code, sig, "killed by SIGKILL that no limit sent"
-    if sig is not None:
-        return "error", code, sig, f"terminated by {signal.Signals(sig).name}"
-    if code == 0:
-        return "ok", code, sig, ""
-    if runner.MEMORY_ERROR in note:
-        return "memory_limit", code, sig, "MemoryError: address-space limit reached"
-    return "error", code, sig, ""
 
 
 class Zygote:
@@ -425,7 +298,7 @@ class Zygote:
                 self.dirty = True
             os.chmod(path, SCRATCH_MODE)
 
-    def _fork(self, req: dict[str, Any], pipes: Pipes, workdir: str) -> int:
+    def _fork(self, req: dict[str, Any], pipes: supervise.Pipes, workdir: str) -> int:
         pid = os.fork()
         if pid == 0:
             os.setsid()
@@ -462,17 +335,17 @@ class Zygote:
         self.runs += 1
         timeout_s = float(req["timeout_s"])
         workdir = self._workdir()
-        pipes = Pipes.open(req.get("stdin", "").encode())
+        pipes = supervise.Pipes.open(req.get("stdin", "").encode())
         start = time.monotonic()
         pid = self._fork(req, pipes, workdir)
         pipes.close_child_ends()
         pidfd = os.pidfd_open(pid)
         cap = self.cfg.max_output_bytes
-        streams = {pipes.out_r: Capture(cap), pipes.err_r: Capture(cap)}
+        streams = {pipes.out_r: supervise.Capture(cap), pipes.err_r: supervise.Capture(cap)}
         try:
-            seen = watch(pidfd, streams, timeout_s, start)
+            seen = supervise.watch(pidfd, streams, timeout_s, start)
             status, usage = self._clean_up(pid)
-            _drain(streams)
+            supervise.drain(streams)
             os.set_blocking(pipes.st_r, False)
             try:
                 note = os.read(pipes.st_r, 4096)
@@ -483,7 +356,7 @@ class Zygote:
             pipes.close_parent_ends()
             self._reset_workdir(workdir)
         out, err = streams[pipes.out_r], streams[pipes.err_r]
-        verdict_, code, sig, message = verdict(status, seen, [out, err], note, timeout_s)
+        verdict_, code, sig, message = supervise.verdict(status, seen, [out, err], note, timeout_s)
         return {
             "status": verdict_,
             "exit_code": code,

@@ -1,0 +1,144 @@
+"""The parent's side of one execution: the pipes, the timer, the capped output, the verdict.
+
+The zygote forks a child and hands the rest to this module: wait until the child exits,
+runs out of wall-clock time, or writes more than the output cap; drain what is left once
+every writer is dead; and turn the wait status into the service's status vocabulary.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from dataclasses import dataclass, field
+
+from sandbox_service.executor import runner
+
+SETUP_ERROR = b"setup_error:"
+
+
+@dataclass
+class Pipes:
+    stdin: int
+    out_r: int
+    out_w: int
+    err_r: int
+    err_w: int
+    st_r: int
+    st_w: int
+
+    @classmethod
+    def open(cls, stdin: bytes) -> Pipes:
+        fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
+        if stdin:
+            os.write(fd, stdin)
+            os.lseek(fd, 0, os.SEEK_SET)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        st_r, st_w = os.pipe2(os.O_CLOEXEC)
+        return cls(fd, out_r, out_w, err_r, err_w, st_r, st_w)
+
+    def close_child_ends(self) -> None:
+        for fd in (self.stdin, self.out_w, self.err_w, self.st_w):
+            os.close(fd)
+
+    def close_parent_ends(self) -> None:
+        for fd in (self.out_r, self.err_r, self.st_r):
+            os.close(fd)
+
+
+@dataclass
+class Capture:
+    """Output of one stream, capped."""
+
+    cap: int
+    data: bytearray = field(default_factory=bytearray)
+    truncated: bool = False
+
+    def add(self, chunk: bytes) -> None:
+        room = self.cap - len(self.data)
+        if len(chunk) > room:
+            self.truncated = True
+            chunk = chunk[: max(room, 0)]
+        self.data += chunk
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", errors="replace")
+
+
+@dataclass
+class Watch:
+    """What the supervisor saw while the child ran."""
+
+    exited: bool = False
+    reason: str | None = None  # "timeout" or "output" when we killed it
+    end: float = 0.0
+
+
+def _read_into(fd: int, capture: Capture) -> bool:
+    """Read what is there; False at end of file or when nothing more is there now."""
+    try:
+        chunk = os.read(fd, 65536)
+    except BlockingIOError:
+        return False
+    capture.add(chunk)
+    return bool(chunk)
+
+
+def watch(pidfd: int, streams: dict[int, Capture], timeout_s: float, start: float) -> Watch:
+    """Wait until the child exits, runs out of time, or overflows an output cap."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    for fd in streams:
+        poller.register(fd, select.POLLIN)
+    deadline = start + timeout_s
+    seen = Watch()
+    while not seen.exited:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            seen.reason = "timeout"
+            break
+        for fd, _ in poller.poll(remaining * 1000 + 1):
+            if fd == pidfd:
+                seen.exited = True
+            elif not _read_into(fd, streams[fd]):
+                poller.unregister(fd)
+        if any(c.truncated for c in streams.values()):
+            seen.reason = "output"
+            break
+    seen.end = time.monotonic()
+    return seen
+
+
+def drain(streams: dict[int, Capture]) -> None:
+    """After every writer is dead: read what is left in the pipes."""
+    for fd, capture in streams.items():
+        os.set_blocking(fd, False)
+        while not capture.truncated and _read_into(fd, capture):
+            pass
+
+
+def verdict(status: int, seen: Watch, outputs: list[Capture], note: bytes, timeout_s: float,
+            ) -> tuple[str, int | None, int | None, str]:  # fmt: skip
+    """(status, exit_code, signal, message) from how the child ended."""
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+    if note.startswith(SETUP_ERROR):
+        return "internal_error", code, sig, note.decode(errors="replace").strip()
+    if seen.reason == "timeout":
+        return "timeout", code, sig, f"wall-clock limit of {timeout_s:g} s exceeded"
+    if seen.reason == "output" or any(c.truncated for c in outputs):
+        cap = outputs[0].cap
+        return "output_limit", code, sig, f"output exceeded {cap} bytes per stream"
+    if sig == signal.SIGXCPU:
+        return "timeout", code, sig, "CPU-time limit exceeded"
+    if sig == signal.SIGKILL:
+        return "killed", code, sig, "killed by SIGKILL that no limit sent"
+    if sig is not None:
+        return "error", code, sig, f"terminated by {signal.Signals(sig).name}"
+    if code == 0:
+        return "ok", code, sig, ""
+    if runner.MEMORY_ERROR in note:
+        return "memory_limit", code, sig, "MemoryError: address-space limit reached"
+    return "error", code, sig, ""
