@@ -104,13 +104,16 @@ def _compare(prediction: str, reference_box: str, timeout_s: int) -> Verificatio
     # math-verify is imported here so that importing this module stays cheap (it pulls sympy).
     from math_verify import parse
     from math_verify import verify as math_verify
+    from math_verify.errors import TimeoutException  # a BaseException: caught by name
+
+    failures = (Exception, TimeoutException)
 
     on_main = threading.current_thread() is threading.main_thread()
     timeout: int | None = timeout_s if on_main else None
     try:
         gold = parse(reference_box, parsing_timeout=timeout, raise_on_error=True)
         pred = parse(f"\\boxed{{{prediction}}}", parsing_timeout=timeout, raise_on_error=True)
-    except Exception as exc:  # math-verify raises sympy/antlr/timeout errors of many types
+    except failures as exc:  # math-verify raises sympy/antlr/timeout errors of many types
         return Verification(correct=False, prediction=prediction, error=f"parse failed: {exc!r}")
     parsed_pred, parsed_gold = _shown(pred), _shown(gold)
     for parsed, what in ((gold, "reference"), (pred, "prediction")):
@@ -119,7 +122,7 @@ def _compare(prediction: str, reference_box: str, timeout_s: int) -> Verificatio
             return Verification(False, prediction, parsed_pred, parsed_gold, error)
     try:
         correct = math_verify(gold, pred, timeout_seconds=timeout, raise_on_error=True)
-    except Exception as exc:  # as above: the comparison can fail or time out in many ways
+    except failures as exc:  # as above: the comparison can fail or time out in many ways
         return Verification(False, prediction, parsed_pred, parsed_gold, f"compare failed: {exc!r}")
     return Verification(bool(correct), prediction, parsed_pred, parsed_gold)
 

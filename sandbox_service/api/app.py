@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import sandbox_service
-from sandbox_service.api import codejudge, errors, health, native, sandboxfusion
+from sandbox_service.api import codejudge, errors, health, native, sandboxfusion, verify
 from sandbox_service.api import sessions as session_routes
 from sandbox_service.api.errors import BodyTooLarge
 from sandbox_service.models import BatchRequest, ExecuteRequest
@@ -73,6 +73,9 @@ def _publish_limits(components: dict[str, Any], settings: Settings) -> None:
     request["stdin"]["maxLength"] = settings.max_stdin_chars
     request["files"]["description"] += f" At most {settings.max_files_bytes} bytes decoded."
     components["BatchRequest"]["properties"]["requests"]["maxItems"] = settings.max_batch
+    if "VerifyRequest" in components:
+        limit = min(settings.max_timeout_s, verify.MAX_ITEM_TIMEOUT_S)
+        components["VerifyRequest"]["properties"]["timeout_s"]["maximum"] = limit
 
 
 def _with_request_schemas(app: FastAPI, models: list[type[BaseModel]], settings: Settings) -> None:
@@ -123,9 +126,11 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.include_router(session_routes.router)
     app.include_router(sandboxfusion.router)
     app.include_router(codejudge.router)
+    app.include_router(verify.router)
     errors.install(app)
     _with_request_schemas(app, [
         ExecuteRequest, BatchRequest, sandboxfusion.RunCodeRequest,
         sandboxfusion.RunJupyterRequest, codejudge.Submission, codejudge.BatchSubmission,
+        verify.VerifyRequest,
     ], settings)  # fmt: skip
     return app

@@ -127,7 +127,9 @@ def test_what_it_cannot_run_is_a_sandbox_error(compat_service: ServiceProcess, b
 def test_server_limits(compat_service: ServiceProcess, tight_service: ServiceProcess) -> None:
     big = {"code": "#" * 1001, "language": "python"}
     answer = httpx.post(f"{tight_service.url}/run_code", json=big, timeout=30).json()
-    assert answer["status"] == "SandboxError" and "code, in characters, is 1001" in answer["message"]
+    assert (
+        answer["status"] == "SandboxError" and "code, in characters, is 1001" in answer["message"]
+    )
     # SandboxFusion has no maxima: a longer limit than this server allows is lowered, not refused
     body = {"code": "print(1)", "language": "python", "run_timeout": 999, "memory_limit_MB": 10**6}
     answer = httpx.post(f"{compat_service.url}/run_code", json=body, timeout=30).json()
