@@ -1,0 +1,74 @@
+"""The toy task of CPU runs: arithmetic that needs the tool, with its SFT transcripts.
+
+Problems like "What is 47 * 86 + 3?" have integer answers a tiny model cannot compute but can
+get by calling the tool and copying the printed number into ``<answer>\\boxed{}</answer>``. The
+SFT transcripts show exactly that; RL then has to make it reliable. Everything is generated
+from a seed; ``trainer/data/toy_arith.jsonl`` is this module's output (``python -m trainer.toy``).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from sandbox_service.models import ExecuteResult, Status
+from trainer.chat import conversation_segments
+from trainer.problems import Problem, write_problems
+from trainer.tools import format_tool_call, render_result, user_prompt
+
+SHIPPED = Path(__file__).parent / "data" / "toy_arith.jsonl"
+SHIPPED_SEED, SHIPPED_COUNT = 1234, 512
+FORMS = ("{a} * {b} + {c}", "{a} * {b} - {c}", "{a} + {b} * {c}")
+
+
+def toy_problems(count: int, seed: int) -> list[Problem]:
+    """``count`` problems; the expression is also its own Python program."""
+    rng = random.Random(seed)
+    problems = []
+    for i in range(count):
+        form = FORMS[i % len(FORMS)]
+        expression = form.format(a=rng.randint(10, 99), b=rng.randint(10, 99), c=rng.randint(2, 9))
+        problems.append(Problem(f"What is {expression}?", str(_evaluate(expression)), f"toy-{i}"))
+    return problems
+
+
+def _evaluate(expression: str) -> int:
+    """The value of one of our own FORMS (never model text): ``a op b op c`` with * before +/-."""
+    a, op1, b, op2, c = expression.split()
+    if op1 == "*":
+        head = int(a) * int(b)
+        return head + int(c) if op2 == "+" else head - int(c)
+    return int(a) + int(b) * int(c)
+
+
+def expression_of(problem: Problem) -> str:
+    return problem.problem.removeprefix("What is ").removesuffix("?")
+
+
+def toy_transcript(problem: Problem) -> list[dict[str, str]]:
+    """The solution SFT teaches: one tool call, then the printed value as the answer."""
+    code = f"print({expression_of(problem)})"
+    printed = ExecuteResult(status=Status.ok, exit_code=0, stdout=f"{problem.answer}\n")
+    return [
+        {"role": "user", "content": user_prompt(problem.problem)},
+        {"role": "assistant", "content": format_tool_call(code, "")},
+        {"role": "tool", "content": render_result(printed)},
+        {"role": "assistant", "content": f"<answer>\\boxed{{{problem.answer}}}</answer>"},
+    ]
+
+
+def tokenizer_corpus(count: int = 256, seed: int = 0) -> list[str]:
+    """Rendered transcripts: the text a tiny tokenizer for this task is trained on."""
+    return [
+        "".join(s.text for s in conversation_segments(toy_transcript(p)))
+        for p in toy_problems(count, seed)
+    ]
+
+
+def main() -> None:
+    write_problems(SHIPPED, toy_problems(SHIPPED_COUNT, SHIPPED_SEED))
+    print(f"wrote {SHIPPED_COUNT} problems to {SHIPPED}")
+
+
+if __name__ == "__main__":
+    main()
