@@ -9,6 +9,7 @@ protocol tags are single tokens.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -45,7 +46,11 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokeniz
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(corpus, bpe)
+    # Train on the text between the markers, so that no learned token spans one: a token like
+    # "</tool_call><|im_end|>" could never be produced by encoding, but could be generated.
+    markers = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS + PROTOCOL_TOKENS))
+    pieces = (piece for text in corpus for piece in markers.split(text) if piece)
+    tokenizer.train_from_iterator(pieces, bpe)
     tokenizer.add_tokens(
         [AddedToken(tag, normalized=False, special=False) for tag in PROTOCOL_TOKENS]
     )

@@ -9,10 +9,11 @@ from a seed; ``trainer/data/toy_arith.jsonl`` is this module's output (``python 
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 from sandbox_service.models import ExecuteResult, Status
-from trainer.chat import conversation_segments
+from trainer.chat import EOS, conversation_segments
 from trainer.problems import Problem, write_problems
 from trainer.tools import format_tool_call, render_result, user_prompt
 
@@ -55,6 +56,17 @@ def toy_transcript(problem: Problem) -> list[dict[str, str]]:
         {"role": "tool", "content": render_result(printed)},
         {"role": "assistant", "content": f"<answer>\\boxed{{{problem.answer}}}</answer>"},
     ]
+
+
+def scripted_solver(transcript: str, turn: int) -> str:
+    """The toy task done right, as a script for ``ScriptedBackend``: run the expression of the
+    last problem, then box the number the program printed (so it is right only if the tool
+    really ran)."""
+    if turn == 0:
+        expression = re.findall(r"What is (.*?)\?", transcript)[-1]
+        return format_tool_call(f"print({expression})")
+    printed = re.findall(r"stdout: (-?\d+)", transcript)[-1]
+    return f"<answer>\\boxed{{{printed}}}</answer>{EOS}"
 
 
 def tokenizer_corpus(count: int = 256, seed: int = 0) -> list[str]:
