@@ -125,6 +125,7 @@ class SftConfig:
     enabled: bool = False
     data: str = "toy"  # JSONL of {"messages": [...]}; "toy": generated toy-task transcripts
     toy_transcripts: int = 512
+    toy_direct_share: float = 0.5  # toy transcripts that answer without calling the tool
     steps: int = 200
     batch_size: int = 16
     lr: float = 1e-3

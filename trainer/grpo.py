@@ -93,28 +93,37 @@ def clipped_policy_loss(
     return PolicyLoss(loss=loss, clipped=was_clipped, ratio=ratio)
 
 
-def token_mean_weights(mask: torch.Tensor) -> torch.Tensor:
-    """mask (B, T) -> weights (B, T) summing to 1 over every kept token (the report's rule)."""
-    return mask / mask.sum().clamp(min=1)
+def token_mean_scales(kept: torch.Tensor) -> torch.Tensor:
+    """kept tokens per sequence (N,) -> per-sequence weight (N,): every kept token of the step
+    weighs 1 / (all kept tokens), whatever its sequence (the report's rule)."""
+    return torch.full_like(kept, 1.0) / kept.sum().clamp(min=1)
 
 
-def seq_mean_token_mean_weights(mask: torch.Tensor) -> torch.Tensor:
-    """mask (B, T) -> weights: a mean within each sequence, then a mean over sequences."""
-    per_seq = mask.sum(dim=1, keepdim=True)  # (B, 1)
-    n_seqs = (per_seq > 0).sum().clamp(min=1)
-    return mask / per_seq.clamp(min=1) / n_seqs
+def seq_mean_token_mean_scales(kept: torch.Tensor) -> torch.Tensor:
+    """kept (N,) -> (N,): a mean within each sequence, then a mean over sequences."""
+    n_seqs = (kept > 0).sum().clamp(min=1)
+    return 1.0 / kept.clamp(min=1) / n_seqs
 
 
 AGGREGATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "token_mean": token_mean_weights,
-    "seq_mean_token_mean": seq_mean_token_mean_weights,
+    "token_mean": token_mean_scales,
+    "seq_mean_token_mean": seq_mean_token_mean_scales,
 }
 
 
+def sequence_scales(kept: torch.Tensor, aggregation: Aggregation) -> torch.Tensor:
+    """kept tokens per sequence of the whole step (N,) -> each sequence's token weight (N,).
+
+    Computed once for the step (or mini-batch); a micro-batch's token weights are then
+    ``mask * scale[rows]``, so how the step is cut into micro-batches cannot change the loss.
+    """
+    return AGGREGATIONS[aggregation](kept.float())
+
+
 def loss_weights(mask: torch.Tensor, aggregation: Aggregation) -> torch.Tensor:
-    """Per-token weights for the whole step (or mini-batch); micro-batches then sum
-    ``loss * weights`` over their own rows, so packing cannot change the result."""
-    return AGGREGATIONS[aggregation](mask.float())
+    """mask (B, T) of a whole step -> token weights (B, T) that sum to 1 over kept tokens."""
+    mask = mask.float()
+    return mask * sequence_scales(mask.sum(dim=1), aggregation).unsqueeze(-1)
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

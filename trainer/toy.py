@@ -1,9 +1,14 @@
 """The toy task of CPU runs: arithmetic that needs the tool, with its SFT transcripts.
 
 Problems like "What is 47 * 86 + 3?" have integer answers a tiny model cannot compute but can
-get by calling the tool and copying the printed number into ``<answer>\\boxed{}</answer>``. The
-SFT transcripts show exactly that; RL then has to make it reliable. Everything is generated
-from a seed; ``trainer/data/toy_arith.jsonl`` is this module's output (``python -m trainer.toy``).
+get by calling the tool and copying the printed number into ``<answer>\\boxed{}</answer>``.
+Half the SFT transcripts do that; the other half answer at once, as a model that can do the
+arithmetic in its head would. The fine-tuned tiny model therefore calls the tool about half
+the time and is nearly always wrong when it does not: RL has to discover that the tool pays,
+the behaviour the rStar2-Agent recipe is about, and the reward rises as it does.
+
+Everything is generated from a seed; ``trainer/data/toy_arith.jsonl`` is this module's output
+(``python -m trainer.toy``).
 """
 
 from __future__ import annotations
@@ -46,8 +51,14 @@ def expression_of(problem: Problem) -> str:
     return problem.problem.removeprefix("What is ").removesuffix("?")
 
 
-def toy_transcript(problem: Problem) -> list[dict[str, str]]:
-    """The solution SFT teaches: one tool call, then the printed value as the answer."""
+def toy_transcript(problem: Problem, use_tool: bool = True) -> list[dict[str, str]]:
+    """A correct solution: one tool call, then the printed value as the answer; or, without
+    the tool, the answer straight away (right, but a tiny model cannot do the arithmetic)."""
+    if not use_tool:
+        return [
+            {"role": "user", "content": user_prompt(problem.problem)},
+            {"role": "assistant", "content": f"<answer>\\boxed{{{problem.answer}}}</answer>"},
+        ]
     code = f"print({expression_of(problem)})"
     printed = ExecuteResult(status=Status.ok, exit_code=0, stdout=f"{problem.answer}\n")
     return [
@@ -67,6 +78,16 @@ def scripted_solver(transcript: str, turn: int) -> str:
         return format_tool_call(f"print({expression})")
     printed = re.findall(r"stdout: (-?\d+)", transcript)[-1]
     return f"<answer>\\boxed{{{printed}}}</answer>{EOS}"
+
+
+def toy_conversations(
+    count: int, seed: int, direct_share: float = 0.5
+) -> list[list[dict[str, str]]]:
+    """SFT transcripts: a ``direct_share`` of them answer without the tool."""
+    rng = random.Random(seed)
+    return [
+        toy_transcript(p, use_tool=rng.random() >= direct_share) for p in toy_problems(count, seed)
+    ]
 
 
 def tokenizer_corpus(count: int = 256, seed: int = 0) -> list[str]:

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
-from transformers.generation import StoppingCriteria, StoppingCriteriaList, StopStringCriteria
+from transformers.generation import StoppingCriteria, StoppingCriteriaList
 
 from trainer.backends.base import (
     FinishReason,
@@ -29,6 +29,33 @@ from trainer.backends.base import (
 REASONS: tuple[FinishReason, ...] = ("eos", "stop", "length")
 
 
+class _StopStrings:
+    """Which rows' generated text now contains a stop string.
+
+    Only rows whose newest token could end one (its text holds a stop string's last character)
+    are decoded, and only their last few tokens: enough for any stop string, since every token
+    is at least one byte. Works with any vocabulary (transformers' ``StopStringCriteria`` needs
+    each stop string to be spellable from token strings).
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: tuple[str, ...]) -> None:
+        self.tokenizer, self.stops = tokenizer, stops
+        self.window = max(len(s.encode()) for s in stops) + 1
+        last_chars = {s[-1] for s in stops}
+        decoded = [tokenizer.decode([i], skip_special_tokens=False) for i in range(len(tokenizer))]
+        ids = [i for i, text in enumerate(decoded) if any(c in text for c in last_chars)]
+        self.candidates = torch.tensor(ids, dtype=torch.long)
+
+    def __call__(self, input_ids: torch.Tensor, prompt_len: int) -> torch.Tensor:
+        hit = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+        maybe = torch.isin(input_ids[:, -1].cpu(), self.candidates)
+        start = max(prompt_len, input_ids.shape[1] - self.window)
+        for row in maybe.nonzero().flatten().tolist():
+            tail = self.tokenizer.decode(input_ids[row, start:].tolist(), skip_special_tokens=False)
+            hit[row] = any(stop in tail for stop in self.stops)
+        return hit
+
+
 class _RowStops(StoppingCriteria):
     """Marks each row done at its first end-of-sequence, stop string or budget; records which."""
 
@@ -37,7 +64,7 @@ class _RowStops(StoppingCriteria):
         prompt_len: int,
         budgets: torch.Tensor,
         eos_ids: torch.Tensor,
-        stop: StopStringCriteria | None,
+        stop: _StopStrings | None,
     ) -> None:
         self.prompt_len, self.budgets, self.eos_ids, self.stop = prompt_len, budgets, eos_ids, stop
         self.length = torch.full_like(budgets, -1)  # generated tokens at the end; -1: running
@@ -49,7 +76,7 @@ class _RowStops(StoppingCriteria):
         generated = input_ids.shape[1] - self.prompt_len
         hits = [
             torch.isin(input_ids[:, -1], self.eos_ids),
-            self.stop(input_ids, scores)
+            self.stop(input_ids, self.prompt_len).to(self.budgets.device)
             if self.stop is not None
             else torch.zeros_like(self.budgets, dtype=torch.bool),
             self.budgets <= generated,
@@ -71,7 +98,7 @@ class HFBackend(GenerationBackend):
         self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
         eos = {tokenizer.eos_token_id} | set(_as_list(model.generation_config.eos_token_id))
         self.eos_ids = sorted(i for i in eos if i is not None)
-        self._stop_criteria: dict[tuple[str, ...], StopStringCriteria] = {}
+        self._stop_criteria: dict[tuple[str, ...], _StopStrings] = {}
 
     async def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
@@ -81,11 +108,11 @@ class HFBackend(GenerationBackend):
             out.extend(self._generate_batch(requests[start : start + self.max_batch], params))
         return out
 
-    def _stop_criterion(self, stop: tuple[str, ...]) -> StopStringCriteria | None:
+    def _stop_criterion(self, stop: tuple[str, ...]) -> _StopStrings | None:
         if not stop:
             return None
-        if stop not in self._stop_criteria:  # building one scans the whole vocabulary
-            self._stop_criteria[stop] = StopStringCriteria(self.tokenizer, list(stop))
+        if stop not in self._stop_criteria:  # building one decodes the whole vocabulary
+            self._stop_criteria[stop] = _StopStrings(self.tokenizer, stop)
         return self._stop_criteria[stop]
 
     @torch.no_grad()
