@@ -43,6 +43,7 @@ class ModelConfig:
         "auto"  # auto: bf16 autocast on GPUs with it
     )
     gradient_checkpointing: bool = False
+    cpu_threads: int = 0  # torch's intra-op threads on CPU; 0: torch's default
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,6 @@ class CheckpointConfig:
 @dataclass(frozen=True)
 class LoggingConfig:
     progress: bool = True
-    tensorboard: bool = False
     sample_every: int = 0  # print one decoded rollout every N steps (0: never)
 
 
@@ -217,6 +217,14 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
     unknown = sorted(set(data) - names)
     if unknown:
         raise ValueError(f"{where or 'config'}: unknown key(s) {unknown}; known: {sorted(names)}")
+    required = {
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+    missing = sorted(required - set(data))
+    if missing:
+        raise ValueError(f"{where or 'config'}: missing key(s) {missing}")
     kwargs = {
         key: _convert(hints[key], value, f"{where}.{key}".lstrip("."))
         for key, value in data.items()

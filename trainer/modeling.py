@@ -68,6 +68,8 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 def load_policy(config: ModelConfig, path: str | Path | None = None, seed: int = 0) -> Policy:
     """The policy of ``config`` (or of the directory ``path``, e.g. a checkpoint's model)."""
     device = resolve_device(config.device)
+    if device.type == "cpu" and config.cpu_threads > 0:
+        torch.set_num_threads(config.cpu_threads)
     source = str(path) if path is not None else config.path
     if source == TINY:
         tokenizer = build_tokenizer(tokenizer_corpus(), config.tiny.vocab_size)
@@ -81,9 +83,19 @@ def load_policy(config: ModelConfig, path: str | Path | None = None, seed: int =
     model.to(device)
     model.config.use_cache = False  # training forwards; generate turns the cache on itself
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     model.train()
     return Policy(model, tokenizer, device, autocast_dtype(config.precision, device))
+
+
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """Recompute activations in the backward pass (memory for compute); non-reentrant, the
+    variant that works with frozen inputs and autocast."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
+        model.activation_checkpointing_enable(kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def load_tokenizer(directory: str) -> PreTrainedTokenizerBase:

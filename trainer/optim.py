@@ -9,21 +9,14 @@ from trainer.config import OptimConfig
 
 
 def build_optimizer(
-    model: torch.nn.Module,
-    config: OptimConfig,
-    lr: float | None = None,
-    warmup_steps: int | None = None,
+    model: torch.nn.Module, config: OptimConfig
 ) -> tuple[torch.optim.AdamW, LambdaLR]:
-    """The optimizer and its schedule; the schedule steps once per RL step (not per micro- or
-    mini-batch), so ``warmup_steps`` counts what the report counts."""
+    """The optimizer and its schedule. The trainer steps the schedule once per RL step that
+    updated the policy (not per micro- or mini-batch), so ``warmup_steps`` counts what the
+    report counts."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
-        params,
-        lr=config.lr if lr is None else lr,
-        betas=config.betas,
-        eps=config.eps,
-        weight_decay=config.weight_decay,
+        params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
     )
-    warmup = config.warmup_steps if warmup_steps is None else warmup_steps
-    schedule = LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / max(1, warmup)))
-    return optimizer, schedule
+    warmup = max(1, config.warmup_steps)
+    return optimizer, LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))

@@ -1,8 +1,9 @@
 """Tool runners: where the rollout loop's programs run.
 
-- :class:`SandboxRunner`: the sandbox service, through its async client, in batches (the
-  production path; ``--sandbox-url http://...``).
-- :func:`start_embedded_service`: starts a local service when no URL is given.
+- :class:`SandboxRunner`: the sandbox service through its async client, one batch a round
+  (the production path; ``--sandbox-url http://...``).
+- :func:`start_embedded_service`: a local service (``sandbox-service serve``) for a run that
+  was given no URL.
 - :class:`SubprocessRunner`: a fresh ``python -I -c`` per call on this machine, with a timeout
   and nothing else. **No isolation**: for tests and development only, chosen explicitly with
   ``--sandbox-url subprocess``.
@@ -13,14 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from types import TracebackType
-from typing import Any
 
+from sandbox_service.client import AsyncSandboxClient
+from sandbox_service.launch import launch
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
 from trainer.rollout import ToolRunner
 
@@ -28,32 +27,20 @@ SUBPROCESS = "subprocess"
 
 
 class SandboxRunner:
-    """Runs calls on the sandbox service: one ``execute_batch`` per ``max_batch`` calls, the
-    chunks sent concurrently (the service's default batch limit is 1024)."""
+    """Runs calls on the sandbox service: the whole round in one ``execute_batch`` (the client
+    cuts it into server-sized chunks and sends them concurrently)."""
 
-    def __init__(self, base_url: str, max_batch: int = 1024) -> None:
-        self.base_url, self.max_batch = base_url, max_batch
-        self._client: Any = None
+    def __init__(self, base_url: str) -> None:
+        self.client = AsyncSandboxClient(base_url)
 
     async def __aenter__(self) -> SandboxRunner:
-        # Imported here so the trainer (and its tests) load without the client's dependencies.
-        from sandbox_service.client import AsyncSandboxClient
-
-        self._client = await AsyncSandboxClient(self.base_url).__aenter__()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._client.__aexit__(exc_type, exc, tb)
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.aclose()
 
     async def run(self, calls: list[ExecuteRequest]) -> list[ExecuteResult]:
-        chunks = [calls[i : i + self.max_batch] for i in range(0, len(calls), self.max_batch)]
-        answers = await asyncio.gather(*(self._client.execute_batch(chunk) for chunk in chunks))
-        return [result for answer in answers for result in answer]
+        return await self.client.execute_batch(calls)
 
 
 class SubprocessRunner:
@@ -110,43 +97,12 @@ async def open_runner(sandbox_url: str | None) -> AsyncIterator[ToolRunner]:
 
 
 # ---------------------------------------------------------------------------------------------
-# SANDBOX START-UP, owned by the service side: replace this function's body with the service's
-# own embedded start-up when it lands. The contract the trainer relies on: a context manager
-# that yields the base URL of a ready service (``/readyz`` answers 200) and stops it on exit.
+# SANDBOX START-UP, owned by the service side. The contract the trainer relies on: a context
+# manager that yields the base URL of a ready service and stops it on exit.
 # ---------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def start_embedded_service(ready_timeout_s: float = 60.0) -> Iterator[str]:
-    """``sandbox-service serve`` on a free local port, for as long as the ``with`` lasts."""
-    import httpx
-
-    port = _free_port()
-    env = dict(os.environ, SANDBOX_HOST="127.0.0.1", SANDBOX_PORT=str(port))
-    process = subprocess.Popen([sys.executable, "-m", "sandbox_service.cli", "serve"], env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"the embedded sandbox service exited ({process.returncode})")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/readyz", timeout=1.0).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the embedded sandbox service was not ready in {ready_timeout_s} s"
-                )
-            time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def start_embedded_service(slots: int | None = None) -> Iterator[str]:
+    """``sandbox-service serve`` on a free loopback port, for as long as the ``with`` lasts."""
+    settings = {} if slots is None else {"slots": slots}
+    with launch(**settings) as service:
+        yield service.url

@@ -166,6 +166,7 @@ async def rl_step(
     kept, metrics = select(groups, config, rng)
     metrics.update(rollout_metrics([s for g in groups for s in g]))
     samples = to_samples(kept)
+    metrics.update(advantage_metrics(samples))
     if samples:
         metrics.update(
             grpo_update(policy, optimizer, samples, update_settings(config), rng, reference)
@@ -173,14 +174,28 @@ async def rl_step(
         backend.update_weights(policy.model)
     else:  # every group was all-right or all-wrong: nothing to learn from this step
         metrics.update(
-            {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+            dict.fromkeys(("loss", "clip_frac", "approx_kl", "entropy", "grad_norm"), 0.0)
         )
+    metrics["updated"] = float(bool(samples))
     metrics["reward_kept_mean"] = sum(s.reward for g in kept for s in g) / max(
         1, sum(len(g) for g in kept)
     )
     metrics["time_rollout_s"] = rolled - start
     metrics["time_update_s"] = time.monotonic() - rolled
     return metrics, groups
+
+
+def advantage_metrics(samples: list[Sample]) -> dict[str, float]:
+    """Group-normalised advantages average 0 by construction; their spread says how much
+    signal the step carries, and the extremes show lone successes or failures in a group."""
+    if not samples:
+        return {"adv_abs_mean": 0.0, "adv_max": 0.0, "adv_min": 0.0}
+    advantages = [s.advantage for s in samples]
+    return {
+        "adv_abs_mean": sum(abs(a) for a in advantages) / len(advantages),
+        "adv_max": max(advantages),
+        "adv_min": min(advantages),
+    }
 
 
 def rollout_metrics(scored: list[Scored]) -> dict[str, float]:

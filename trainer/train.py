@@ -174,7 +174,8 @@ class Trainer:
                 self.reference,
             )
             lr = self.schedule.get_last_lr()[0]
-            self.schedule.step()
+            if metrics["updated"]:  # warm-up counts optimizer updates, not skipped steps
+                self.schedule.step()
             state.step, state.stage_step, state.sampler = (
                 state.step + 1,
                 state.stage_step + 1,

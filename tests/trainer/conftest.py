@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from transformers import PreTrainedTokenizerFast
 
 from trainer.tiny import build_tokenizer
@@ -12,3 +13,8 @@ from trainer.toy import tokenizer_corpus
 @pytest.fixture(scope="session")
 def tokenizer() -> PreTrainedTokenizerFast:
     return build_tokenizer(tokenizer_corpus(128), vocab_size=1024)
+
+
+# The tiny models gain nothing from a second thread, and on a shared two-core machine a
+# second thread spinning in OpenMP slows everything else down.
+torch.set_num_threads(1)
