@@ -11,12 +11,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from transformers import PreTrainedTokenizerBase
+
 from trainer.tools import response_block, system_prompt
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 PAD = "<|endoftext|>"
 # The end of an assistant turn: the policy's end-of-sequence token.
 EOS = IM_END
+
+
+def decode(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
+    """Token ids as text with every marker kept (``<tool_call>``, ``<|im_end|>``, ...)."""
+    text = tokenizer.decode(list(ids), skip_special_tokens=False)
+    assert isinstance(text, str)
+    return text
 
 
 def prompt_text(user: str, system: str | None = None) -> str:

@@ -71,6 +71,8 @@ def load_policy(config: ModelConfig, path: str | Path | None = None, seed: int =
     if device.type == "cpu" and config.cpu_threads > 0:
         torch.set_num_threads(config.cpu_threads)
     source = str(path) if path is not None else config.path
+    tokenizer: PreTrainedTokenizerBase
+    model: PreTrainedModel
     if source == TINY:
         tokenizer = build_tokenizer(tokenizer_corpus(), config.tiny.vocab_size)
         with _seeded(seed):
@@ -80,7 +82,7 @@ def load_policy(config: ModelConfig, path: str | Path | None = None, seed: int =
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]  # transformers wraps .to; stubs disagree
     model.config.use_cache = False  # training forwards; generate turns the cache on itself
     if config.gradient_checkpointing:
         enable_activation_checkpointing(model)

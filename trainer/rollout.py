@@ -26,7 +26,7 @@ from transformers import PreTrainedTokenizerBase
 
 from sandbox_service.models import ExecuteRequest, ExecuteResult
 from trainer.backends.base import Generation, GenerationBackend, GenerationRequest, SamplingParams
-from trainer.chat import tool_turn_text
+from trainer.chat import decode, tool_turn_text
 from trainer.roc import RocSample
 from trainer.tools import (
     CALL_CLOSE,
@@ -139,7 +139,7 @@ def _take_turn(
 ) -> list[ParsedCall] | None:
     """Append one model turn; the calls it made, or None when the rollout ended with it."""
     rollout.add_tokens(generation.token_ids, generation.logprobs)
-    text = tokenizer.decode(generation.token_ids, skip_special_tokens=False)
+    text = decode(tokenizer, generation.token_ids)
     rollout.model_turns.append(text)
     rollout.turns += 1
     if generation.finish_reason == "eos":

@@ -103,6 +103,5 @@ async def open_runner(sandbox_url: str | None) -> AsyncIterator[ToolRunner]:
 @contextlib.contextmanager
 def start_embedded_service(slots: int | None = None) -> Iterator[str]:
     """``sandbox-service serve`` on a free loopback port, for as long as the ``with`` lasts."""
-    settings = {} if slots is None else {"slots": slots}
-    with launch(**settings) as service:
+    with launch() if slots is None else launch(slots=slots) as service:
         yield service.url

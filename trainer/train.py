@@ -159,7 +159,7 @@ class Trainer:
         if state.sampler:
             sampler.load_state_dict(state.sampler)
         settings = stage_rollout_settings(config, stage)
-        history = []
+        history: list[dict[str, Any]] = []
         while state.stage_step < stage.steps and (budget is None or len(history) < budget):
             batch = sampler.take(config.rollout.prompts_per_step)
             metrics, groups = await rl_step(

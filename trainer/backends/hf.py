@@ -25,6 +25,7 @@ from trainer.backends.base import (
     GenerationRequest,
     SamplingParams,
 )
+from trainer.chat import decode
 
 REASONS: tuple[FinishReason, ...] = ("eos", "stop", "length")
 
@@ -42,7 +43,7 @@ class _StopStrings:
         self.tokenizer, self.stops = tokenizer, stops
         self.window = max(len(s.encode()) for s in stops) + 1
         last_chars = {s[-1] for s in stops}
-        decoded = [tokenizer.decode([i], skip_special_tokens=False) for i in range(len(tokenizer))]
+        decoded = [decode(tokenizer, [i]) for i in range(len(tokenizer))]
         ids = [i for i, text in enumerate(decoded) if any(c in text for c in last_chars)]
         self.candidates = torch.tensor(ids, dtype=torch.long)
 
@@ -51,7 +52,7 @@ class _StopStrings:
         maybe = torch.isin(input_ids[:, -1].cpu(), self.candidates)
         start = max(prompt_len, input_ids.shape[1] - self.window)
         for row in maybe.nonzero().flatten().tolist():
-            tail = self.tokenizer.decode(input_ids[row, start:].tolist(), skip_special_tokens=False)
+            tail = decode(self.tokenizer, input_ids[row, start:].tolist())
             hit[row] = any(stop in tail for stop in self.stops)
         return hit
 
@@ -137,7 +138,7 @@ class HFBackend(GenerationBackend):
         )
         greedy = params.temperature <= 0
         with _eval_mode(self.model):
-            output = self.model.generate(
+            output = self.model.generate(  # type: ignore[operator]
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
                 do_sample=not greedy,

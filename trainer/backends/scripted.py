@@ -20,6 +20,7 @@ from trainer.backends.base import (
     GenerationRequest,
     SamplingParams,
 )
+from trainer.chat import decode
 
 Script = Callable[[str, int], str]  # (transcript so far, turn index from 0) -> next turn
 
@@ -36,7 +37,7 @@ class ScriptedBackend(GenerationBackend):
         return [self._one(request, params) for request in requests]
 
     def _one(self, request: GenerationRequest, params: SamplingParams) -> Generation:
-        transcript = self.tokenizer.decode(list(request.prompt_ids), skip_special_tokens=False)
+        transcript = decode(self.tokenizer, request.prompt_ids)
         turn = transcript.count("<|im_start|>assistant") - 1
         text = self.script(transcript, turn)
         reason: FinishReason = "length"
