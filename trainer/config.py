@@ -71,6 +71,7 @@ class ToolConfig:
     sandbox_url: str | None = None  # None: start an embedded service; "subprocess": unsandboxed
     timeout_s: float = 10.0
     memory_mb: int = 1024
+    mode: Literal["script", "repl"] = "repl"  # repl: a final expression's repr is printed (release)
     max_response_chars: int = 2048  # a tool response longer than this is cut
     truncate_side: TruncateSide = "middle"
 

@@ -24,7 +24,7 @@ from typing import Literal, Protocol
 
 from transformers import PreTrainedTokenizerBase
 
-from sandbox_service.models import ExecuteRequest, ExecuteResult
+from sandbox_service.models import ExecuteRequest, ExecuteResult, Mode
 from trainer.backends.base import Generation, GenerationBackend, GenerationRequest, SamplingParams
 from trainer.chat import decode, tool_turn_text
 from trainer.roc import RocSample
@@ -58,6 +58,7 @@ class RolloutSettings:
     top_p: float = 1.0
     tool_timeout_s: float = 10.0
     tool_memory_mb: int = 1024
+    tool_mode: Mode = Mode.repl
     max_tool_response_chars: int = 2048
     truncate_side: TruncateSide = "middle"
 
@@ -172,7 +173,7 @@ async def _answer_calls(
     """Execute every well-formed call of the round in one batch, then append each rollout's
     tool turn (or end it, if the turn does not fit in its token budget)."""
     batch = [
-        call.request(settings.tool_timeout_s, settings.tool_memory_mb)
+        call.request(settings.tool_timeout_s, settings.tool_memory_mb, settings.tool_mode)
         for calls in pending.values()
         for call in calls
         if isinstance(call, ToolCall)

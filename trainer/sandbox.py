@@ -5,8 +5,8 @@
 - :func:`start_embedded_service`: a local service (``sandbox-service serve``) for a run that
   was given no URL.
 - :class:`SubprocessRunner`: a fresh ``python -I -c`` per call on this machine, with a timeout
-  and nothing else. **No isolation**: for tests and development only, chosen explicitly with
-  ``--sandbox-url subprocess``.
+  and nothing else. **No isolation**, and ``repl`` mode is run as a plain script: for tests and
+  development only, chosen explicitly with ``--sandbox-url subprocess``.
 """
 
 from __future__ import annotations

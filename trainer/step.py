@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sandbox_service.models import Mode
 from trainer.backends.base import GenerationBackend
 from trainer.chat import prompt_text
 from trainer.config import TrainConfig
@@ -81,6 +82,7 @@ def rollout_settings(
         top_p=config.rollout.top_p,
         tool_timeout_s=config.tool.timeout_s,
         tool_memory_mb=config.tool.memory_mb,
+        tool_mode=Mode(config.tool.mode),
         max_tool_response_chars=config.tool.max_response_chars,
         truncate_side=config.tool.truncate_side,
     )

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
+from sandbox_service.models import ExecuteRequest, ExecuteResult, Mode, Status
 from sandbox_service.verify import ANSWER_BLOCK
 
 TOOL_NAME = "python_code_with_standard_io"
@@ -86,9 +86,11 @@ class ToolCall:
     code: str
     stdin: str = ""
 
-    def request(self, timeout_s: float, memory_mb: int) -> ExecuteRequest:
+    def request(self, timeout_s: float, memory_mb: int, mode: Mode = Mode.repl) -> ExecuteRequest:
+        """The service request; ``repl`` (the default) prints the repr of a final expression,
+        as the release's tool does."""
         return ExecuteRequest(
-            code=self.code, stdin=self.stdin, timeout_s=timeout_s, memory_mb=memory_mb
+            code=self.code, stdin=self.stdin, timeout_s=timeout_s, memory_mb=memory_mb, mode=mode
         )
 
 

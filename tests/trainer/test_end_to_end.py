@@ -40,13 +40,14 @@ SETTINGS = RolloutSettings(max_turns=3, max_response_tokens=200)
 
 
 def noisy_solver(seed: int) -> Script:
-    """Calls the tool, then boxes the printed value, or (half the time) that value plus one."""
+    """Calls the tool (the value is a final expression: repl mode prints its repr), then boxes
+    the printed value, or (half the time) that value plus one."""
     rng = random.Random(seed)
 
     def script(transcript: str, turn: int) -> str:
         if turn == 0:
             expression = re.findall(r"What is (.*?)\?", transcript)[-1]
-            return format_tool_call(f"import sympy\nprint(sympy.sympify('{expression}'))")
+            return format_tool_call(f"import sympy\nsympy.sympify('{expression}')")
         printed = int(re.findall(r"stdout: (-?\d+)", transcript)[-1])
         return f"<answer>\\boxed{{{printed + rng.choice([0, 1])}}}</answer>{EOS}"
 
@@ -95,7 +96,8 @@ def test_scripted_policy_through_the_service_roc_updates_and_resume(
     runner = Recording(service.url)
     done = asyncio.run(steps(runner, [problems[0:2], problems[2:4]]))
 
-    # Every rollout's call ran in the service (sympy and all), and its output came back.
+    # Every rollout's call ran in the service (sympy and all, in repl mode), and its output
+    # came back.
     assert len(runner.results) == 2 * 2 * 8
     assert all(r.status.value == "ok" and r.stdout.strip().isdigit() for r in runner.results)
     for metrics, groups in done:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from sandbox_service.models import ExecuteResult, Status
+from sandbox_service.models import ExecuteResult, Mode, Status
 from trainer.chat import conversation_segments, prompt_text, tool_turn_text
 from trainer.tools import (
     TOOL_NAME,
@@ -184,3 +184,15 @@ def test_chat_template_renders_what_the_segments_render() -> None:
     assert rendered == joined + "\n"
     prompt = tokenizer.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True)
     assert prompt == prompt_text("U", "S")
+
+
+def test_calls_become_repl_requests_with_the_configured_limits() -> None:
+    request = ToolCall("x = 6 * 7\nx", "in").request(timeout_s=3.0, memory_mb=256)
+    assert (request.code, request.stdin, request.timeout_s, request.memory_mb) == (
+        "x = 6 * 7\nx",
+        "in",
+        3.0,
+        256,
+    )
+    assert request.mode == Mode.repl
+    assert ToolCall("print(1)").request(3.0, 256, Mode.script).mode == Mode.script
