@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerFast
 from sandbox_service.launch import ServiceProcess
 from sandbox_service.models import ExecuteRequest, ExecuteResult
 from trainer.backends.scripted import Script, ScriptedBackend
-from trainer.chat import EOS
+from trainer.chat import EOS, decode
 from trainer.checkpoint import TrainState, load_training_state, save_checkpoint
 from trainer.config import TinyModelConfig, load_config
 from trainer.modeling import Policy, load_policy
@@ -110,12 +110,8 @@ def test_scripted_policy_through_the_service_roc_updates_and_resume(
                 r = scored.rollout
                 first_turn = r.loss_mask.index(0)
                 tool_part = r.loss_mask[first_turn:].index(1) + first_turn
-                assert tokenizer.decode(
-                    r.response_ids[:first_turn], skip_special_tokens=False
-                ).endswith("</tool_call>")
-                assert "<tool_response>" in tokenizer.decode(
-                    r.response_ids[first_turn:tool_part], skip_special_tokens=False
-                )
+                assert decode(tokenizer, r.response_ids[:first_turn]).endswith("</tool_call>")
+                assert "<tool_response>" in decode(tokenizer, r.response_ids[first_turn:tool_part])
                 assert all(m == 1 for m in r.loss_mask[tool_part:])
     after_two = weights(policy)
     assert not torch.equal(start, after_two)

@@ -125,20 +125,20 @@ def test_micro_batch_split_gives_the_same_loss_and_gradient() -> None:
         weighted_sum(clipped_policy_loss(new[idx], old[idx], adv[idx], CLIP).loss, weights[idx])
         for idx in ([0, 3], [1], [2])
     ]
-    (grad_parts,) = torch.autograd.grad(sum(parts), new)
-    assert sum(parts).item() == pytest.approx(whole.item(), rel=1e-6)
+    summed = torch.stack(parts).sum()
+    (grad_parts,) = torch.autograd.grad(summed, new)
+    assert summed.item() == pytest.approx(whole.item(), rel=1e-6)
     assert torch.allclose(grad_parts, grad_whole)
     # A per-micro-batch mean (the mistake this guards against) would differ.
-    naive = (
-        sum(
+    naive = torch.stack(
+        [
             weighted_sum(
                 clipped_policy_loss(new[i], old[i], adv[i], CLIP).loss,
                 loss_weights(mask[i], "token_mean"),
             )
             for i in ([0, 3], [1], [2])
-        )
-        / 3
-    )
+        ]
+    ).mean()
     assert naive.item() != pytest.approx(whole.item(), rel=1e-3)
 
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 import torch
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from trainer.backends.base import GenerationRequest, SamplingParams
 from trainer.backends.hf import HFBackend
@@ -17,7 +17,7 @@ from trainer.tiny import build_model
 STOP = "</tool_call>"
 
 
-def flat_model(tokenizer: PreTrainedTokenizerFast, favoured: list[str]) -> torch.nn.Module:
+def flat_model(tokenizer: PreTrainedTokenizerFast, favoured: list[str]) -> PreTrainedModel:
     """A tiny model whose next-token distribution is the same everywhere: uniform over the
     vocabulary but for ``favoured`` tokens, each about a quarter as likely as all others."""
     torch.manual_seed(0)

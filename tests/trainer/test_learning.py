@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 
+import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -41,7 +42,7 @@ def word_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def test_mean_reward_rises_over_grpo_steps(monkeypatch) -> None:
+def test_mean_reward_rises_over_grpo_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     tokenizer = word_tokenizer()
     torch.manual_seed(0)
     model = build_model(

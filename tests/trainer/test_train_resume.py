@@ -7,11 +7,13 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from trainer.checkpoint import checkpoints, latest_checkpoint
 from trainer.config import load_config
+from trainer.problems import Problem
 from trainer.train import main, train
 
 CONFIG = Path(__file__).resolve().parents[2] / "trainer" / "configs" / "tiny_cpu.yaml"
@@ -66,7 +68,9 @@ def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(tmp_path: Path
     assert [c.name for c in checkpoints(whole)] == ["step_000002", "step_000003"]
 
 
-def test_command_line_overrides_and_prints_the_reward_trend(tmp_path: Path, capsys) -> None:
+def test_command_line_overrides_and_prints_the_reward_trend(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     overrides = ["--set", "stages=[{name: toy, steps: 1}]", "--set", "sft.steps=2"]
     for key, value in MICRO.items():
         if key not in ("stages", "sft"):
@@ -87,3 +91,50 @@ def test_command_line_overrides_and_prints_the_reward_trend(tmp_path: Path, caps
     assert summary["steps"] == 1 and 0.0 <= summary["reward_first"] <= 1.0
     saved = load_config(tmp_path / "config.yaml")
     assert saved.sft.steps == 2 and saved.rollout.group_size == 2
+
+
+def test_hard_stage_trains_only_on_problems_not_always_solved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = load_config(
+        CONFIG,
+        {
+            **MICRO,
+            "sft": {"enabled": False},
+            "stages": [
+                {"name": "toy", "steps": 1},
+                {
+                    "name": "hard",
+                    "steps": 2,
+                    "hard_only": True,
+                    "hard_filter_samples": 2,
+                    "hard_filter_max_problems": 4,
+                },
+            ],
+            "checkpoint": {"every": 1, "keep": 5},
+        },
+    )
+    seen: list[list[str]] = []
+
+    async def fake_counts(problems: list[Problem], k: int, *args: object) -> tuple[list[int], list]:
+        """The filter's rollouts, scripted: problems 0 and 2 always solved."""
+        seen.append([p.id for p in problems])
+        assert k == 2
+        return [2, 0, 2, 1], []
+
+    monkeypatch.setattr("trainer.train.correct_counts", fake_counts)
+    history = asyncio.run(
+        train(config, tmp_path, sandbox_url="subprocess", max_steps=2, progress=False)
+    )
+    assert [h["stage"] for h in history] == ["toy", "hard"]
+    assert seen == [["toy-0", "toy-1", "toy-2", "toy-3"]]
+    latest = latest_checkpoint(tmp_path)
+    assert latest is not None
+    state = torch.load(latest / "trainer.pt", weights_only=False)["state"]
+    assert (state["stage"], state["stage_step"]) == (1, 1)
+    assert state["stage_problem_ids"] == [
+        "toy-1",
+        "toy-3",
+    ]  # kept for the resumed run, not re-filtered
+    rest = asyncio.run(train(config, tmp_path, sandbox_url="subprocess", progress=False))
+    assert [h["stage"] for h in rest] == ["hard"] and seen == [["toy-0", "toy-1", "toy-2", "toy-3"]]
