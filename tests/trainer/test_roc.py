@@ -1,0 +1,174 @@
+"""roc.py: the penalties, the per-class counts, and that positives are drawn by 1/p_total."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from trainer.roc import (
+    RocSample,
+    RocSettings,
+    class_counts,
+    p_err,
+    p_format,
+    penalty,
+    resample_on_correct,
+    select_group,
+)
+
+
+def sample(
+    reward: float, calls: int = 2, errors: int = 0, answers: int = 1, turns: int = 3
+) -> RocSample:
+    return RocSample(reward, calls, errors, answers, answer_tags_balanced=True, turns=turns)
+
+
+def test_p_err() -> None:
+    assert p_err(sample(1, calls=0, errors=0)) == 0.5
+    assert p_err(sample(1, calls=3, errors=1)) == pytest.approx(1 / 3)
+    assert p_err(sample(1, calls=4, errors=0)) == 0.0
+    assert p_err(sample(1, calls=2, errors=2)) == 1.0
+
+
+def test_p_format() -> None:
+    assert p_format(sample(1, answers=0)) == 1.0
+    assert p_format(sample(1, answers=1, turns=3)) == 0.0
+    assert p_format(sample(1, answers=2, turns=4)) == 0.25
+    assert p_format(sample(1, answers=5, turns=2)) == 1.0
+    unbalanced = RocSample(1, 1, 0, answers=1, answer_tags_balanced=False, turns=2)
+    assert p_format(unbalanced) == 1.0
+
+
+def test_penalty_terms_can_be_switched_off() -> None:
+    s = sample(1, calls=2, errors=1, answers=2, turns=4)  # p_err 0.5, p_format 0.25
+    assert penalty(s, RocSettings(keep=1)) == 0.75
+    assert penalty(s, RocSettings(keep=1, use_error_ratio=False)) == 0.25
+    assert penalty(s, RocSettings(keep=1, use_answer_format=False)) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("n_pos", "n_neg", "keep", "expected"),
+    [
+        (16, 16, 16, (8, 8)),
+        (5, 27, 16, (3, 13)),  # 2.5 rounds half up
+        (1, 31, 16, (1, 15)),  # never lose the only positive
+        (31, 1, 16, (15, 1)),  # nor the only negative
+        (12, 20, 16, (6, 10)),
+        (3, 2, 16, (3, 2)),  # fewer than keep: keep all
+    ],
+)
+def test_class_counts_keep_proportions(
+    n_pos: int, n_neg: int, keep: int, expected: tuple[int, int]
+) -> None:
+    assert class_counts(n_pos, n_neg, keep) == expected
+
+
+def test_group_of_2g_becomes_g_with_the_same_success_rate() -> None:
+    group = [sample(1.0) for _ in range(12)] + [sample(0.0) for _ in range(20)]
+    kept = select_group(group, RocSettings(keep=16), random.Random(0))
+    assert kept is not None and len(kept) == len(set(kept)) == 16
+    assert sum(group[i].reward > 0 for i in kept) == 6
+
+
+@pytest.mark.parametrize("reward", [0.0, 1.0])
+def test_all_equal_groups_are_dropped(reward: float) -> None:
+    group = [sample(reward) for _ in range(8)]
+    assert select_group(group, RocSettings(keep=4), random.Random(0)) is None
+    kept = select_group(group, RocSettings(keep=4, drop_equal_reward=False), random.Random(0))
+    assert kept is not None and len(kept) == 4
+
+
+def test_selection_is_seeded() -> None:
+    group = [sample(float(i % 3 == 0), errors=i % 2) for i in range(32)]
+    runs = [select_group(group, RocSettings(keep=16), random.Random(7)) for _ in range(2)]
+    assert runs[0] == runs[1]
+    others = {
+        tuple(select_group(group, RocSettings(keep=16), random.Random(s)) or ()) for s in range(10)
+    }
+    assert len(others) > 1
+
+
+def successive_inclusion(weights: list[float], k: int) -> list[float]:
+    """Exact probability that each item is among k successive weighted draws (enumeration)."""
+    inclusion = [0.0] * len(weights)
+    for order in itertools.permutations(range(len(weights)), k):
+        p, left = 1.0, sum(weights)
+        for i in order:
+            p *= weights[i] / left
+            left -= weights[i]
+        for i in order:
+            inclusion[i] += p
+    return inclusion
+
+
+def test_positives_are_kept_with_frequencies_of_inverse_penalty_weights() -> None:
+    # Five positives with p_total 0.5, 0.75, 1.0, 1.5 and 2.0; five negatives; keep 6 of 10:
+    # three positives, drawn without replacement with weights 1/p_total.
+    positives = [
+        sample(1.0, calls=0),  # p_err 0.5, p_format 0
+        sample(1.0, calls=4, errors=1, answers=2, turns=2),  # 0.25 + 0.5
+        sample(1.0, calls=0, answers=2, turns=2),  # 0.5 + 0.5
+        sample(1.0, calls=2, errors=1, answers=0),  # 0.5 + 1
+        sample(1.0, calls=1, errors=1, answers=0),  # 1 + 1
+    ]
+    settings = RocSettings(keep=6)
+    assert [penalty(s, settings) for s in positives] == [0.5, 0.75, 1.0, 1.5, 2.0]
+    group = positives + [sample(0.0) for _ in range(5)]
+    expected = successive_inclusion([1 / penalty(s, settings) for s in positives], 3)
+
+    draws = 20_000
+    rng = random.Random(1234)
+    counts = [0] * len(group)
+    for _ in range(draws):
+        kept = select_group(group, settings, rng)
+        assert kept is not None
+        for i in kept:
+            counts[i] += 1
+    observed = [c / draws for c in counts[:5]]
+    # Binomial standard error is at most 0.0035 here; 0.015 is over four of them.
+    assert observed == pytest.approx(expected, abs=0.015)
+    assert observed[0] > observed[2] > observed[4]  # cleaner rollouts are kept more often
+    # Negatives are uniform: each of five kept in three draws of five.
+    assert [c / draws for c in counts[5:]] == pytest.approx([0.6] * 5, abs=0.015)
+
+
+def test_zero_penalty_rollouts_dominate_through_the_floor() -> None:
+    clean = sample(1.0, calls=2, errors=0, answers=1)  # p_total 0
+    messy = sample(1.0, calls=2, errors=2, answers=0)  # p_total 2
+    group = [clean, messy, sample(0.0), sample(0.0)]
+    rng = random.Random(0)
+    picks = [select_group(group, RocSettings(keep=2), rng) for _ in range(2000)]
+    assert sum(0 in (k or []) for k in picks) > 1990
+
+
+def test_release_variant_takes_the_lowest_penalties_deterministically() -> None:
+    pens = [sample(1.0, calls=4, errors=e) for e in (3, 0, 2, 1)]  # p_err 0.75, 0, 0.5, 0.25
+    negs = [sample(0.0, calls=4, errors=e) for e in (4, 0, 1, 2)]
+    group = pens + negs
+    settings = RocSettings(keep=4, variant="release", min_positives=1, min_negatives=1)
+    kept = select_group(group, settings, random.Random(0))
+    assert kept == [1, 3, 5, 6]  # positives with p_err 0 and 0.25, negatives 0 and 0.25
+    assert select_group(group, settings, random.Random(99)) == kept
+
+
+def test_release_variant_minimum_counts() -> None:
+    group = [sample(1.0)] * 2 + [sample(0.0)] * 30
+    settings = RocSettings(keep=16, variant="release", min_positives=2, min_negatives=2)
+    kept = select_group(group, settings, random.Random(0))
+    assert kept is not None and len(kept) == 16
+    assert sum(group[i].reward > 0 for i in kept) == 2  # round(1.0) = 1 raised to the minimum
+
+
+def test_resample_on_correct_reports_what_it_did() -> None:
+    mixed = [sample(1.0, errors=2)] * 4 + [sample(1.0)] * 4 + [sample(0.0)] * 8
+    solved = [sample(1.0)] * 16
+    outcome = resample_on_correct([mixed, solved], RocSettings(keep=8), random.Random(0))
+    assert outcome.kept[1] is None
+    assert outcome.metrics["roc_kept"] == 8
+    assert outcome.metrics["roc_groups_dropped"] == 1
+    assert outcome.metrics["roc_kept_positive_frac"] == 0.5
+    assert (
+        outcome.metrics["roc_penalty_positive_kept"] < outcome.metrics["roc_penalty_positive_all"]
+    )

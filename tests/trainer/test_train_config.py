@@ -1,0 +1,74 @@
+"""config.py: YAML to a frozen typed config; every mistake named by its path."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from trainer.config import TrainConfig, load_config, save_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
+
+
+@pytest.mark.parametrize("name", ["tiny_cpu.yaml", "rstar2_agent_14b.yaml"])
+def test_shipped_configs_load_and_round_trip(name: str, tmp_path: Path) -> None:
+    config = load_config(CONFIGS / name)
+    save_config(config, tmp_path / "again.yaml")
+    assert load_config(tmp_path / "again.yaml") == config
+
+
+def test_the_recipe_config_has_the_reports_numbers() -> None:
+    config = load_config(CONFIGS / "rstar2_agent_14b.yaml")
+    assert (config.rollout.group_size, config.rollout.oversample) == (16, 2)
+    assert (config.loss.eps_low, config.loss.eps_high) == (0.2, 0.28)
+    assert (config.optim.lr, config.optim.warmup_steps) == (1e-6, 20)
+    assert (config.loss.kl_coef, config.loss.entropy_coef) == (0.0, 0.0)
+    assert config.loss.aggregation == "token_mean"
+    stages = [(s.max_response_tokens, s.hard_only) for s in config.stages]
+    assert stages == [(8192, False), (12288, False), (12288, True)]
+    assert config.stages[-1].max_turns == 15 and config.rollout.max_turns == 10
+    assert config.total_steps == 510
+
+
+def test_defaults_are_the_reports() -> None:
+    config = TrainConfig()
+    assert config.rollout.prompts_per_step == 512 and config.rollout.temperature == 1.0
+    assert config.roc.enabled and config.roc.variant == "sample"
+
+
+def test_config_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        TrainConfig().optim.lr = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"optim.lrr": 1}, r"optim: unknown key\(s\) \['lrr'\]"),
+        ({"optim.lr": "fast"}, "optim.lr: expected float, got 'fast'"),
+        ({"rollout.group_size": 1.5}, "rollout.group_size: expected int"),
+        ({"rollout.group_size": True}, "rollout.group_size: expected int"),
+        ({"loss.aggregation": "sum"}, r"loss.aggregation: 'sum' is not one of"),
+        ({"optim.betas": [0.9]}, "optim.betas: expected 2 items"),
+        ({"stages": [{"steps": 3}]}, r"stages\[0\]: missing key\(s\) \['name'\]"),
+        ({"stages": []}, "stages: at least one stage"),
+        ({"rollout.group_size": 1}, "at least 2"),
+    ],
+)
+def test_mistakes_are_errors_that_name_the_field(
+    overrides: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_config(None, overrides)
+
+
+def test_overrides_and_yaml_number_forms(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text("optim:\n  lr: 1e-6\nloss:\n  dual_clip_c: 3\n")
+    config = load_config(
+        tmp_path / "c.yaml", {"optim.mini_batches": 4, "tool.sandbox_url": "http://x"}
+    )
+    assert config.optim.lr == 1e-6  # YAML reads "1e-6" as a string; the float field accepts it
+    assert config.loss.dual_clip_c == 3.0 and isinstance(config.loss.dual_clip_c, float)
+    assert config.optim.mini_batches == 4 and config.tool.sandbox_url == "http://x"

@@ -1,0 +1,59 @@
+"""The generation interface the rollout loop needs, and nothing more.
+
+A backend continues token-id prompts. It never sees text it has to tokenise, so what the
+policy is trained on is exactly what it generated. Stop strings end a generation with the stop
+string kept (``</tool_call>``, so the call is complete in the transcript); so does the
+end-of-sequence token. The interface is async because a serving engine (vLLM) generates for
+many requests while the caller waits on others; ``update_weights`` is where such an engine
+receives the policy after each optimizer step.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+FinishReason = Literal["stop", "eos", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: Sequence[int]
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What a request produced.
+
+    ``finish_reason``: ``stop`` (a stop string was generated; it is the end of ``token_ids``),
+    ``eos`` (the end-of-sequence token, kept as the last id), or ``length`` (``max_new_tokens``
+    reached). ``logprobs[i]`` is the sampling distribution's log-probability of
+    ``token_ids[i]``.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+
+class GenerationBackend(ABC):
+    @abstractmethod
+    async def generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[Generation]:
+        """One generation per request, in order."""
+
+    def update_weights(self, model: torch.nn.Module) -> None:  # noqa: B027 - optional hook
+        """Receive the policy's new weights; a backend that shares the module needs nothing."""

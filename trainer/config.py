@@ -1,0 +1,281 @@
+"""The training configuration: YAML in, one frozen, typed, validated object out.
+
+Every knob of a run is a field here with its default; a YAML file sets any subset, and an
+unknown key or a value of the wrong type is an error naming its path (``optim.lr``), never a
+silent default. The resolved config is written next to the run's metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from trainer.grpo import Aggregation
+from trainer.roc import RocVariant
+from trainer.tools import TruncateSide
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """The shape of a tiny Qwen2; the defaults run a training step in well under a second on CPU."""
+
+    vocab_size: int = 1024
+    hidden_size: int = 64
+    intermediate_size: int = 256
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    max_positions: int = 4096
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = "tiny"  # a local directory or hub id; "tiny" builds a tiny Qwen2 for the toy task
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    device: str = "auto"  # "auto": cuda if available, else cpu
+    precision: Literal["auto", "float32", "bfloat16"] = (
+        "auto"  # auto: bf16 autocast on GPUs with it
+    )
+    gradient_checkpointing: bool = False
+    cpu_threads: int = 0  # torch's intra-op threads on CPU; 0: torch's default
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train: str = "toy"  # JSONL/parquet of {problem, answer}; "toy": the shipped toy set
+    eval: str | None = None
+    shuffle: bool = True
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    group_size: int = 16  # G: rollouts per prompt that enter the update
+    oversample: int = 2  # RoC samples oversample * G and keeps G
+    prompts_per_step: int = 512
+    max_turns: int = 10  # assistant turns; the stage may override
+    max_response_tokens: int = 8192  # model + tool tokens after the prompt; the stage may override
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_batch: int = 1024  # sequences per generation call of the backend
+    require_answer_tag: bool = False  # reward only a box inside <answer> (the release: anywhere)
+
+
+@dataclass(frozen=True)
+class ToolConfig:
+    sandbox_url: str | None = None  # None: start an embedded service; "subprocess": unsandboxed
+    timeout_s: float = 10.0
+    memory_mb: int = 1024
+    mode: Literal["script", "repl"] = "repl"  # repl: a final expression's repr is printed (release)
+    max_response_chars: int = 2048  # a tool response longer than this is cut
+    truncate_side: TruncateSide = "middle"
+
+
+@dataclass(frozen=True)
+class RocConfig:
+    enabled: bool = True
+    variant: RocVariant = "sample"
+    use_error_ratio: bool = True
+    use_answer_format: bool = True
+    min_penalty: float = 1e-3
+    min_positives: int = 2
+    min_negatives: int = 2
+    drop_equal_reward: bool = True
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    aggregation: Aggregation = "token_mean"
+    dual_clip_c: float | None = None
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-6
+    warmup_steps: int = 20  # linear warm-up over RL steps, then constant
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.01  # verl's default, so the release's; the report does not say
+    grad_clip: float = 1.0
+    micro_batch_tokens: int = 16384  # padded tokens per forward/backward
+    mini_batches: int = 1  # optimizer steps per RL step (1: fully on-policy, as the release)
+    epochs: int = 1  # passes over the step's rollouts
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    name: str
+    steps: int
+    max_response_tokens: int | None = None  # None: rollout.max_response_tokens
+    max_turns: int | None = None  # None: rollout.max_turns
+    hard_only: bool = False  # keep only problems the current policy does not always solve
+    hard_filter_samples: int = 16  # rollouts per problem when filtering
+    hard_filter_max_problems: int | None = None  # filter (and train on) at most this many
+
+
+@dataclass(frozen=True)
+class SftConfig:
+    enabled: bool = False
+    data: str = "toy"  # JSONL of {"messages": [...]}; "toy": generated toy-task transcripts
+    toy_transcripts: int = 512
+    toy_direct_share: float = 0.5  # toy transcripts that answer without calling the tool
+    steps: int = 200
+    batch_size: int = 16
+    lr: float = 1e-3
+    warmup_steps: int = 10
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 50  # RL steps; 0: only at the end
+    keep: int = 2  # newest checkpoints kept
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    progress: bool = True
+    sample_every: int = 0  # print one decoded rollout every N steps (0: never)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    tool: ToolConfig = field(default_factory=ToolConfig)
+    roc: RocConfig = field(default_factory=RocConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    stages: tuple[StageConfig, ...] = (StageConfig(name="main", steps=100),)
+    sft: SftConfig = field(default_factory=SftConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise ValueError("stages: at least one stage")
+        if self.rollout.group_size < 2:
+            raise ValueError("rollout.group_size: at least 2 (advantages compare within a group)")
+        if self.rollout.oversample < 1:
+            raise ValueError("rollout.oversample: at least 1")
+
+    @property
+    def total_steps(self) -> int:
+        return sum(stage.steps for stage in self.stages)
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """The config of a YAML file (None: all defaults), with ``overrides`` (dotted keys) on top."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: the top level must be a mapping")
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return from_dict(TrainConfig, data)
+
+
+def to_dict(config: object) -> dict[str, Any]:
+    """A plain dict (tuples as lists) that ``load_config`` reads back to an equal config."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, tuple | list):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    return plain(dataclasses.asdict(config))  # type: ignore[call-overload]
+
+
+def save_config(config: TrainConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def from_dict(cls: type, data: Any, where: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, checking every key and value against its type."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{where or 'config'}: unknown key(s) {unknown}; known: {sorted(names)}")
+    required = {
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+    missing = sorted(required - set(data))
+    if missing:
+        raise ValueError(f"{where or 'config'}: missing key(s) {missing}")
+    kwargs = {
+        key: _convert(hints[key], value, f"{where}.{key}".lstrip("."))
+        for key, value in data.items()
+    }
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, where)  # type: ignore[arg-type]
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _convert(arg, value, where)
+            except ValueError as exc:
+                errors.append(str(exc))
+        raise ValueError("; ".join(errors))
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"{where}: {value!r} is not one of {list(args)}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"{where}: expected a list, got {value!r}")
+        items = args[:1] * len(value) if len(args) == 2 and args[1] is Ellipsis else args
+        if len(items) != len(value):
+            raise ValueError(f"{where}: expected {len(items)} items, got {len(value)}")
+        return tuple(
+            _convert(a, v, f"{where}[{i}]")
+            for i, (a, v) in enumerate(zip(items, value, strict=True))
+        )
+    return _scalar(hint, value, where)
+
+
+def _scalar(hint: Any, value: Any, where: str) -> Any:
+    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if hint is float and isinstance(value, str):  # YAML reads 1e-6 (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if (
+        hint in (int, str, bool)
+        and isinstance(value, hint)
+        and not (hint is int and isinstance(value, bool))
+    ):
+        return value
+    raise ValueError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}")

@@ -1,0 +1,200 @@
+"""The agent loop: multi-turn rollouts on token ids, with every tool call of a turn batched.
+
+Each round, every unfinished rollout generates until ``</tool_call>`` (kept) or end of
+sequence. Then all the calls written in that round, across the whole batch, go to the tool
+runner in one ``run`` call while finished rollouts wait; each response is formatted, tokenised
+on its own and appended. Nothing already in a transcript is ever re-tokenised: the policy is
+trained on exactly the ids it produced and the ids it was shown. Model tokens get loss mask 1,
+tool-turn tokens 0.
+
+A rollout ends at end of sequence (its answer is final), or is *truncated* (reward 0) when it
+runs out of tokens (``max_response_tokens`` counts model and tool tokens after the prompt) or
+out of turns (``max_turns`` assistant turns and the last one still called a tool).
+
+Per rollout it records what Resample-on-Correct and the metrics need: assistant turns, tool
+calls, tool errors (a parse error, a status other than ok, or a Python error in the output),
+and the ``<answer>`` tags of the model's own text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from transformers import PreTrainedTokenizerBase
+
+from sandbox_service.models import ExecuteRequest, ExecuteResult, Mode
+from trainer.backends.base import Generation, GenerationBackend, GenerationRequest, SamplingParams
+from trainer.chat import decode, tool_turn_text
+from trainer.roc import RocSample
+from trainer.tools import (
+    CALL_CLOSE,
+    ParsedCall,
+    ToolCall,
+    ToolCallError,
+    TruncateSide,
+    answer_tags,
+    is_tool_error,
+    parse_tool_calls,
+    render_result,
+    truncate,
+)
+
+Finish = Literal["running", "eos", "length", "max_turns"]
+
+
+class ToolRunner(Protocol):
+    """Executes a batch of programs; results in request order. The sandbox client is one."""
+
+    async def run(self, calls: list[ExecuteRequest]) -> list[ExecuteResult]: ...
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    max_turns: int
+    max_response_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    tool_timeout_s: float = 10.0
+    tool_memory_mb: int = 1024
+    tool_mode: Mode = Mode.repl
+    max_tool_response_chars: int = 2048
+    truncate_side: TruncateSide = "middle"
+
+
+@dataclass
+class Rollout:
+    """One transcript: the prompt, then the response (model turns and tool turns) with masks."""
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)  # per response token: 1 model, 0 tool
+    logprobs: list[float] = field(default_factory=list)  # sampling logprobs; 0.0 on tool tokens
+    model_turns: list[str] = field(default_factory=list)  # decoded text of each model turn
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    finish: Finish = "running"
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish in ("length", "max_turns")
+
+    @property
+    def model_text(self) -> str:
+        return "".join(self.model_turns)
+
+    def roc_sample(self, reward: float) -> RocSample:
+        tags = answer_tags(self.model_text)
+        return RocSample(
+            reward=reward,
+            tool_calls=self.tool_calls,
+            tool_errors=self.tool_errors,
+            answers=tags.closed,
+            answer_tags_balanced=tags.balanced,
+            turns=self.turns,
+        )
+
+    def add_tokens(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
+        self.response_ids.extend(ids)
+        self.loss_mask.extend([1 if logprobs is not None else 0] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+
+async def generate_rollouts(
+    prompts: Sequence[Sequence[int]],
+    backend: GenerationBackend,
+    tokenizer: PreTrainedTokenizerBase,
+    runner: ToolRunner,
+    settings: RolloutSettings,
+) -> list[Rollout]:
+    """Run every prompt to the end; one rollout per prompt, in order."""
+    rollouts = [Rollout(prompt_ids=list(p)) for p in prompts]
+    params = SamplingParams(settings.temperature, settings.top_p, stop=(CALL_CLOSE,))
+    active = list(range(len(rollouts)))
+    while active:
+        requests = [
+            GenerationRequest(
+                prompt_ids=rollouts[i].prompt_ids + rollouts[i].response_ids,
+                max_new_tokens=settings.max_response_tokens - len(rollouts[i].response_ids),
+            )
+            for i in active
+        ]
+        generations = await backend.generate(requests, params)
+        pending: dict[int, list[ParsedCall]] = {}
+        for i, generation in zip(active, generations, strict=True):
+            calls = _take_turn(rollouts[i], generation, tokenizer, settings)
+            if calls is not None:
+                pending[i] = calls
+        await _answer_calls(rollouts, pending, tokenizer, runner, settings)
+        active = [i for i in pending if rollouts[i].finish == "running"]
+    return rollouts
+
+
+def _take_turn(
+    rollout: Rollout,
+    generation: Generation,
+    tokenizer: PreTrainedTokenizerBase,
+    settings: RolloutSettings,
+) -> list[ParsedCall] | None:
+    """Append one model turn; the calls it made, or None when the rollout ended with it."""
+    rollout.add_tokens(generation.token_ids, generation.logprobs)
+    text = decode(tokenizer, generation.token_ids)
+    rollout.model_turns.append(text)
+    rollout.turns += 1
+    if generation.finish_reason == "eos":
+        rollout.finish = "eos"
+        return None
+    if (
+        generation.finish_reason == "length"
+        or len(rollout.response_ids) >= settings.max_response_tokens
+    ):
+        rollout.finish = "length"
+        return None
+    if rollout.turns >= settings.max_turns:
+        rollout.finish = "max_turns"  # it still wants the tool, but has no turn left to use it
+        return None
+    calls = parse_tool_calls(text)
+    # A stop string with no complete block before it (a lone "</tool_call>") still ends the
+    # turn; the model is told, as for any malformed call.
+    return calls or [
+        ToolCallError("Failed to decode tool call: no <tool_call> before </tool_call>")
+    ]
+
+
+async def _answer_calls(
+    rollouts: list[Rollout],
+    pending: dict[int, list[ParsedCall]],
+    tokenizer: PreTrainedTokenizerBase,
+    runner: ToolRunner,
+    settings: RolloutSettings,
+) -> None:
+    """Execute every well-formed call of the round in one batch, then append each rollout's
+    tool turn (or end it, if the turn does not fit in its token budget)."""
+    batch = [
+        call.request(settings.tool_timeout_s, settings.tool_memory_mb, settings.tool_mode)
+        for calls in pending.values()
+        for call in calls
+        if isinstance(call, ToolCall)
+    ]
+    results = iter(await runner.run(batch) if batch else [])
+    for i, calls in pending.items():
+        rollout, texts = rollouts[i], []
+        for call in calls:
+            if isinstance(call, ToolCallError):
+                texts.append(call.message)
+                rollout.tool_errors += 1
+            else:
+                result = next(results)
+                texts.append(render_result(result))
+                rollout.tool_errors += is_tool_error(result)
+            rollout.tool_calls += 1
+        texts = [
+            truncate(t, settings.max_tool_response_chars, settings.truncate_side) for t in texts
+        ]
+        ids = tokenizer.encode(tool_turn_text(texts), add_special_tokens=False)
+        if len(rollout.response_ids) + len(ids) >= settings.max_response_tokens:
+            rollout.finish = "length"  # no room left to read the response and answer
+            continue
+        rollout.add_tokens(ids, None)

@@ -1,0 +1,216 @@
+"""One RL step of GRPO-RoC: sample 2G rollouts per prompt, score, Resample-on-Correct, update.
+
+The order is the report's: rewards on all ``oversample * G`` rollouts, RoC keeps ``G`` of
+each group (dropping groups with no reward contrast), advantages are normalised within the
+*kept* group, and only the kept rollouts enter the loss.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from sandbox_service.models import Mode
+from trainer.backends.base import GenerationBackend
+from trainer.chat import prompt_text
+from trainer.config import TrainConfig
+from trainer.grpo import ClipSettings, group_advantages
+from trainer.modeling import Policy
+from trainer.problems import Problem
+from trainer.reward import reward
+from trainer.roc import RocSettings, resample_on_correct
+from trainer.rollout import Rollout, RolloutSettings, ToolRunner, generate_rollouts
+from trainer.tools import user_prompt
+from trainer.update import Sample, UpdateSettings, grpo_update
+
+
+def prompt_ids(policy: Policy, problem: Problem) -> list[int]:
+    return policy.tokenizer.encode(
+        prompt_text(user_prompt(problem.problem)), add_special_tokens=False
+    )
+
+
+@dataclass
+class Scored:
+    rollout: Rollout
+    reward: float
+
+
+async def sample_and_score(
+    problems: Sequence[Problem],
+    per_problem: int,
+    policy: Policy,
+    backend: GenerationBackend,
+    runner: ToolRunner,
+    settings: RolloutSettings,
+    require_answer_tag: bool,
+) -> list[list[Scored]]:
+    """``per_problem`` scored rollouts of each problem, grouped by problem."""
+    prompts = [prompt_ids(policy, p) for p in problems for _ in range(per_problem)]
+    rollouts = await generate_rollouts(prompts, backend, policy.tokenizer, runner, settings)
+    groups = []
+    for g, problem in enumerate(problems):
+        group = rollouts[g * per_problem : (g + 1) * per_problem]
+        groups.append(
+            [
+                Scored(
+                    r,
+                    reward(
+                        r.model_text,
+                        problem.answer,
+                        truncated=r.truncated,
+                        require_answer_tag=require_answer_tag,
+                    ),
+                )
+                for r in group
+            ]
+        )
+    return groups
+
+
+def rollout_settings(
+    config: TrainConfig, max_turns: int, max_response_tokens: int
+) -> RolloutSettings:
+    return RolloutSettings(
+        max_turns=max_turns,
+        max_response_tokens=max_response_tokens,
+        temperature=config.rollout.temperature,
+        top_p=config.rollout.top_p,
+        tool_timeout_s=config.tool.timeout_s,
+        tool_memory_mb=config.tool.memory_mb,
+        tool_mode=Mode(config.tool.mode),
+        max_tool_response_chars=config.tool.max_response_chars,
+        truncate_side=config.tool.truncate_side,
+    )
+
+
+def roc_settings(config: TrainConfig) -> RocSettings:
+    roc = config.roc
+    return RocSettings(
+        keep=config.rollout.group_size,
+        variant=roc.variant,
+        use_error_ratio=roc.use_error_ratio,
+        use_answer_format=roc.use_answer_format,
+        min_penalty=roc.min_penalty,
+        min_positives=roc.min_positives,
+        min_negatives=roc.min_negatives,
+        drop_equal_reward=roc.drop_equal_reward,
+    )
+
+
+def update_settings(config: TrainConfig) -> UpdateSettings:
+    return UpdateSettings(
+        clip=ClipSettings(config.loss.eps_low, config.loss.eps_high, config.loss.dual_clip_c),
+        aggregation=config.loss.aggregation,
+        kl_coef=config.loss.kl_coef,
+        entropy_coef=config.loss.entropy_coef,
+        grad_clip=config.optim.grad_clip,
+        micro_batch_tokens=config.optim.micro_batch_tokens,
+        mini_batches=config.optim.mini_batches,
+        epochs=config.optim.epochs,
+    )
+
+
+def select(
+    groups: list[list[Scored]], config: TrainConfig, rng: random.Random
+) -> tuple[list[list[Scored]], dict[str, float]]:
+    """RoC (or, with it off, all rollouts; all-equal groups still dropped when asked)."""
+    settings = roc_settings(config)
+    if not config.roc.enabled:
+        settings = RocSettings(
+            keep=max(len(g) for g in groups), drop_equal_reward=settings.drop_equal_reward
+        )
+    outcome = resample_on_correct(
+        [[s.rollout.roc_sample(s.reward) for s in g] for g in groups], settings, rng
+    )
+    kept = [[group[i] for i in idx] for group, idx in zip(groups, outcome.kept, strict=True) if idx]
+    return kept, outcome.metrics
+
+
+def to_samples(kept: list[list[Scored]]) -> list[Sample]:
+    samples = []
+    for group in kept:
+        advantages = group_advantages(torch.tensor([[s.reward for s in group]]))[0]  # (G,)
+        for scored, advantage in zip(group, advantages.tolist(), strict=True):
+            r = scored.rollout
+            samples.append(
+                Sample(
+                    token_ids=r.prompt_ids + r.response_ids,
+                    loss_mask=[0] * len(r.prompt_ids) + r.loss_mask,
+                    advantage=advantage,
+                )
+            )
+    return samples
+
+
+async def rl_step(
+    problems: Sequence[Problem],
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    backend: GenerationBackend,
+    runner: ToolRunner,
+    config: TrainConfig,
+    rollout: RolloutSettings,
+    rng: random.Random,
+    reference: Policy | None = None,
+) -> tuple[dict[str, float], list[list[Scored]]]:
+    """One step on ``problems``; the step's metrics and every scored rollout (for logging)."""
+    start = time.monotonic()
+    per_problem = config.rollout.group_size * config.rollout.oversample
+    groups = await sample_and_score(
+        problems, per_problem, policy, backend, runner, rollout, config.rollout.require_answer_tag
+    )
+    rolled = time.monotonic()
+    kept, metrics = select(groups, config, rng)
+    metrics.update(rollout_metrics([s for g in groups for s in g]))
+    samples = to_samples(kept)
+    metrics.update(advantage_metrics(samples))
+    if samples:
+        metrics.update(
+            grpo_update(policy, optimizer, samples, update_settings(config), rng, reference)
+        )
+        backend.update_weights(policy.model)
+    else:  # every group was all-right or all-wrong: nothing to learn from this step
+        metrics.update(
+            dict.fromkeys(("loss", "clip_frac", "approx_kl", "entropy", "grad_norm"), 0.0)
+        )
+    metrics["updated"] = float(bool(samples))
+    metrics["reward_kept_mean"] = sum(s.reward for g in kept for s in g) / max(
+        1, sum(len(g) for g in kept)
+    )
+    metrics["time_rollout_s"] = rolled - start
+    metrics["time_update_s"] = time.monotonic() - rolled
+    return metrics, groups
+
+
+def advantage_metrics(samples: list[Sample]) -> dict[str, float]:
+    """Group-normalised advantages average 0 by construction; their spread says how much
+    signal the step carries, and the extremes show lone successes or failures in a group."""
+    if not samples:
+        return {"adv_abs_mean": 0.0, "adv_max": 0.0, "adv_min": 0.0}
+    advantages = [s.advantage for s in samples]
+    return {
+        "adv_abs_mean": sum(abs(a) for a in advantages) / len(advantages),
+        "adv_max": max(advantages),
+        "adv_min": min(advantages),
+    }
+
+
+def rollout_metrics(scored: list[Scored]) -> dict[str, float]:
+    n = max(1, len(scored))
+    calls = sum(s.rollout.tool_calls for s in scored)
+    errors = sum(s.rollout.tool_errors for s in scored)
+    return {
+        "reward_mean": sum(s.reward for s in scored) / n,
+        "tool_calls": float(calls),
+        "tool_errors": float(errors),
+        "tool_error_rate": errors / calls if calls else 0.0,
+        "turns_mean": sum(s.rollout.turns for s in scored) / n,
+        "response_tokens_mean": sum(len(s.rollout.response_ids) for s in scored) / n,
+        "truncated_frac": sum(s.rollout.truncated for s in scored) / n,
+        "rollouts": float(len(scored)),
+    }

@@ -1,0 +1,242 @@
+"""One GRPO policy update on one process: old logprobs, packed micro-batches, one AdamW step.
+
+Given the kept rollouts of an RL step (token ids, loss masks, advantages):
+
+1. *Old logprobs* are recomputed with the current weights, before any update (as the release
+   does), rather than taken from the generator: the generation engine's numerics differ from
+   the trainer's, and the PPO ratio must compare like with like.
+2. The rollouts are split into ``mini_batches`` (one optimizer step each; 1 = fully on-policy,
+   the release's setting) and each mini-batch into *micro-batches* packed by a token budget
+   (rows x longest row), longest first.
+3. Each micro-batch adds ``sum(loss * weight)`` to the gradient, where the weights were fixed
+   for the whole mini-batch (``grpo.sequence_scales``): the token-mean is exact however the
+   sequences are packed.
+4. Gradients are clipped by global norm, then AdamW steps.
+
+Metrics are means over every kept (mask 1) token of the step.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from trainer.grpo import (
+    Aggregation,
+    ClipSettings,
+    approx_kl,
+    clipped_policy_loss,
+    entropy_from_logits,
+    k3_kl,
+    sequence_scales,
+    token_logprobs,
+)
+from trainer.modeling import Policy
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One kept rollout: the whole sequence and, per token, whether the loss covers it."""
+
+    token_ids: list[int]  # prompt + response
+    loss_mask: list[int]  # same length: 1 where the policy wrote the token
+    advantage: float
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    clip: ClipSettings = field(default_factory=ClipSettings)
+    aggregation: Aggregation = "token_mean"
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    grad_clip: float = 1.0
+    micro_batch_tokens: int = 16384
+    mini_batches: int = 1
+    epochs: int = 1
+
+
+@dataclass
+class MicroBatch:
+    rows: list[int]  # indices into the step's samples
+    input_ids: torch.Tensor  # (B, L), right-padded
+    attention_mask: torch.Tensor  # (B, L)
+    targets: torch.Tensor  # (B, T) = input_ids[:, 1:], T = L - 1
+    mask: torch.Tensor  # (B, T) float: 1 where the target token is trained on
+    advantages: torch.Tensor  # (B,)
+
+
+def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Indices grouped so that rows x longest row stays within ``token_budget``, longest first.
+    A sequence longer than the budget gets a micro-batch of its own."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        # Sorted longest first, so a batch's first row is its longest.
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= token_budget:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def collate(
+    samples: Sequence[Sample], rows: list[int], pad_id: int, device: torch.device
+) -> MicroBatch:
+    width = max(len(samples[i].token_ids) for i in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, L)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)  # (B, L)
+    mask = torch.zeros((len(rows), width), dtype=torch.float32)  # (B, L)
+    for r, i in enumerate(rows):
+        n = len(samples[i].token_ids)
+        ids[r, :n] = torch.tensor(samples[i].token_ids)
+        attention[r, :n] = 1
+        mask[r, :n] = torch.tensor(samples[i].loss_mask, dtype=torch.float32)
+    advantages = torch.tensor([samples[i].advantage for i in rows], dtype=torch.float32)
+    return MicroBatch(
+        rows=rows,
+        input_ids=ids.to(device),
+        attention_mask=attention.to(device),
+        targets=ids[:, 1:].to(device),
+        mask=mask[:, 1:].to(device),  # a token is trained on where it is the target
+        advantages=advantages.to(device),
+    )
+
+
+def forward(policy: Policy, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (log p(target) (B, T), logits (B, T, V))."""
+    with policy.autocast():
+        logits = policy.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    logits = logits[:, :-1]  # (B, T, V): position t predicts token t + 1
+    return token_logprobs(logits, batch.targets), logits
+
+
+def micro_batches(
+    policy: Policy, samples: Sequence[Sample], rows: Sequence[int], token_budget: int
+) -> Iterator[MicroBatch]:
+    lengths = [len(samples[i].token_ids) for i in rows]
+    for group in pack_micro_batches(lengths, token_budget):
+        yield collate(
+            samples, [rows[j] for j in group], policy.tokenizer.pad_token_id, policy.device
+        )
+
+
+@torch.no_grad()
+def sequence_logprobs(
+    policy: Policy, samples: Sequence[Sample], token_budget: int
+) -> list[torch.Tensor]:
+    """Per sample, log p(token t+1 | tokens <= t) under the current weights: (len - 1,) each."""
+    was_training = policy.model.training
+    policy.model.eval()  # no dropout: these are the reference numbers of the ratio
+    out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
+    for batch in micro_batches(policy, samples, range(len(samples)), token_budget):
+        logprobs, _ = forward(policy, batch)
+        for r, i in enumerate(batch.rows):
+            out[i] = logprobs[r, : len(samples[i].token_ids) - 1].float()
+    policy.model.train(was_training)
+    return out
+
+
+def _pad_rows(
+    values: list[torch.Tensor], rows: list[int], width: int, device: torch.device
+) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for r, i in enumerate(rows):
+        out[r, : values[i].shape[0]] = values[i]
+    return out.to(device)
+
+
+@dataclass(frozen=True)
+class _Before:
+    """What the update compares against, computed before any weight changes."""
+
+    old: list[torch.Tensor]  # per sample (len - 1,): log p under the weights that sampled
+    ref: list[torch.Tensor] | None  # per sample: log p under the reference (KL only)
+    kept: torch.Tensor  # (N,) trained tokens per sample
+
+
+class _Totals:
+    """Sums over kept tokens (and optimizer steps) that become the step's metrics."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+
+    def add(self, name: str, value: torch.Tensor | float) -> None:
+        self.sums[name] = self.sums.get(name, 0.0) + float(value)
+
+
+def grpo_update(
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    samples: Sequence[Sample],
+    settings: UpdateSettings,
+    rng: random.Random,
+    reference: Policy | None = None,
+) -> dict[str, float]:
+    """Update ``policy`` on ``samples``; returns the update's metrics."""
+    ref = None
+    if settings.kl_coef > 0:
+        if reference is None:
+            raise ValueError("kl_coef > 0 needs a reference policy")
+        ref = sequence_logprobs(reference, samples, settings.micro_batch_tokens)
+    kept = torch.tensor([sum(s.loss_mask[1:]) for s in samples], dtype=torch.float32)
+    before = _Before(sequence_logprobs(policy, samples, settings.micro_batch_tokens), ref, kept)
+    totals = _Totals()
+    for _ in range(settings.epochs):
+        order = list(range(len(samples)))
+        rng.shuffle(order)
+        for m in range(settings.mini_batches):
+            rows = order[m :: settings.mini_batches]
+            if rows:
+                _optimizer_step(policy, optimizer, samples, rows, before, settings, totals)
+    n_tokens = float(kept.sum()) * settings.epochs
+    steps = max(1.0, totals.sums.pop("optimizer_steps", 1.0))
+    metrics = {k: v / max(n_tokens, 1.0) for k, v in totals.sums.items() if k != "grad_norm"}
+    metrics["loss"] = totals.sums.get("loss", 0.0) / steps
+    metrics["grad_norm"] = totals.sums.get("grad_norm", 0.0) / steps
+    metrics["trained_tokens"] = float(kept.sum())
+    return metrics
+
+
+def _optimizer_step(
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    samples: Sequence[Sample],
+    rows: list[int],
+    before: _Before,
+    settings: UpdateSettings,
+    totals: _Totals,
+) -> None:
+    scales = sequence_scales(before.kept[rows], settings.aggregation)  # (N,) for this mini-batch
+    scale_of = dict(zip(rows, scales.tolist(), strict=True))
+    optimizer.zero_grad(set_to_none=True)
+    loss_total = 0.0
+    for batch in micro_batches(policy, samples, rows, settings.micro_batch_tokens):
+        width = batch.targets.shape[1]
+        old_lp = _pad_rows(before.old, batch.rows, width, policy.device)  # (B, T)
+        scale = torch.tensor([scale_of[i] for i in batch.rows], device=policy.device)  # (B,)
+        weights = batch.mask * scale.unsqueeze(-1)  # (B, T)
+        logprobs, logits = forward(policy, batch)  # (B, T), (B, T, V)
+        pg = clipped_policy_loss(logprobs, old_lp, batch.advantages, settings.clip)
+        token_loss = pg.loss  # (B, T)
+        if before.ref is not None:
+            ref_lp = _pad_rows(before.ref, batch.rows, width, policy.device)  # (B, T)
+            token_loss = token_loss + settings.kl_coef * k3_kl(logprobs, ref_lp)
+        if settings.entropy_coef > 0:
+            token_loss = token_loss - settings.entropy_coef * entropy_from_logits(logits)
+        loss = (token_loss * weights).sum()
+        loss.backward()
+        loss_total += loss.item()
+        with torch.no_grad():
+            mask = batch.mask
+            totals.add("clip_frac", (pg.clipped.float() * mask).sum())
+            totals.add("approx_kl", (approx_kl(logprobs, old_lp) * mask).sum())
+            totals.add("entropy", (entropy_from_logits(logits.detach()) * mask).sum())
+            totals.add("ratio_mean", (pg.ratio * mask).sum())
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), settings.grad_clip)
+    optimizer.step()
+    totals.add("loss", loss_total)
+    totals.add("grad_norm", grad_norm)
+    totals.add("optimizer_steps", 1.0)
