@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,14 +53,16 @@ class ServiceProcess:
         return self.process.returncode
 
 
-def _env(settings: dict[str, Any], port: int, extra_env: dict[str, str] | None) -> dict[str, str]:
+def _env(
+    settings: dict[str, Any], port: int, extra_env: dict[str, str] | None, port_setting: str
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
     env.update(extra_env or {})
     for name, value in settings.items():
         text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
         env[f"SANDBOX_{name.upper()}"] = text
     env["SANDBOX_HOST"] = "127.0.0.1"
-    env["SANDBOX_PORT"] = str(port)
+    env[f"SANDBOX_{port_setting.upper()}"] = str(port)
     return env
 
 
@@ -68,14 +70,20 @@ def start(
     log_path: str,
     ready_timeout_s: float = 120.0,
     extra_env: dict[str, str] | None = None,
+    command: Sequence[str] = ("serve",),
+    port_setting: str = "port",
     **settings: Any,
 ) -> ServiceProcess:
-    """Start ``sandbox-service serve`` with ``settings`` (names of Settings fields)."""
+    """Start ``sandbox-service serve`` with ``settings`` (names of Settings fields).
+
+    Another ``command`` (``("api",)``, ``("worker", "--burst")``) starts another kind of node;
+    ``port_setting`` names the setting that holds the port its ``/readyz`` answers on (a
+    worker node's is ``worker_metrics_port``)."""
     port = free_port()
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "sandbox_service.cli", "serve"],
-            env=_env(settings, port, extra_env),
+            [sys.executable, "-m", "sandbox_service.cli", *command],
+            env=_env(settings, port, extra_env, port_setting),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
