@@ -93,7 +93,14 @@ from sandbox_service.queue.base import (
     result_for,
 )
 from sandbox_service.queue.keys import GROUP, STATS_EXECUTIONS, STATS_RECLAIMED
-from sandbox_service.queue.redis_link import BLOCK_MS, RedisLink, Settlement, backoff, encode_job
+from sandbox_service.queue.redis_link import (
+    BLOCK_MS,
+    RedisLink,
+    Settlement,
+    backoff,
+    encode_job,
+    stop_tasks,
+)
 from sandbox_service.queue.redis_source import RedisJobSource
 from sandbox_service.queue.scripts import ADMIT, SETTLE
 from sandbox_service.settings import Settings
@@ -151,6 +158,7 @@ class RedisQueue(Queue):
         self._orphans: OrderedDict[str, bytes] = OrderedDict()
         self._last_id: bytes = b"0-0"
         self._closing = False
+        self._closed = False
         self._reject: str | None = None  # set when the grace period is over
         self._tasks: list[asyncio.Task[None]] = []
         self._next_lost_check = 0.0
@@ -189,7 +197,7 @@ class RedisQueue(Queue):
 
     def _admit_call(self, fresh: list[Job]) -> tuple[list[str], list[Any]]:
         s = self.settings
-        names = [self.keys.jobs, self.keys.depth]
+        names = [self.keys.jobs, self.keys.depth, self.keys.epoch]
         claim_ttl_s = s.max_queue_wait_s + s.max_timeout_s + s.visibility_timeout_s + LOST_GRACE_S
         args: list[Any] = [
             s.max_queue_depth,
@@ -198,12 +206,13 @@ class RedisQueue(Queue):
             GROUP,
             int(claim_ttl_s * 1000),
             len(fresh),
+            self.link.token,
         ]
         for job in fresh:
             slot = 0
             if job.request.id is not None:
                 names.extend(self.keys.of_id(job.request.id))
-                slot = (len(names) - 2) // 3
+                slot = (len(names) - 3) // 3
             args += [job.key, slot, encode_job(job)]
         return names, args
 
@@ -215,8 +224,10 @@ class RedisQueue(Queue):
             reply = await self.link.script(ADMIT, *self._admit_call(fresh))
         except ResponseError as exc:
             raise QueueUnavailable(f"Redis at {self.link.where} refused the work: {exc}") from exc
+        if self.link.epoch_changed(reply[2]):
+            self._lost_everything()  # before this batch joins the waiting: it is not lost
         if reply[0] == b"full":
-            depth, wanted = int(reply[1]), int(reply[2])
+            depth, wanted = int(reply[1]), int(reply[3])
             self.cluster_depth = depth
             s = self.settings
             raise QueueFull(depth, s.max_queue_depth, wanted, s.retry_after_s)
@@ -228,10 +239,10 @@ class RedisQueue(Queue):
     def _register(self, fresh: list[Job], reply: list[Any]) -> dict[Job, asyncio.Future[Any]]:
         loop = asyncio.get_running_loop()
         start_by = fresh[0].start_by
-        sent = [Sent(chunk_id, [], start_by) for chunk_id in reply[2 + 2 * len(fresh) :]]
+        sent = [Sent(chunk_id, [], start_by) for chunk_id in reply[3 + 2 * len(fresh) :]]
         futures: dict[Job, asyncio.Future[Any]] = {}
         for i, job in enumerate(fresh):
-            kind, value = reply[2 + 2 * i], reply[3 + 2 * i]
+            kind, value = reply[3 + 2 * i], reply[4 + 2 * i]
             if kind == b"r":  # a stored result of this id
                 futures[job] = loop.create_future()
                 futures[job].set_result(ExecuteResult.model_validate_json(value))
@@ -279,7 +290,7 @@ class RedisQueue(Queue):
     async def _read_forever(self) -> None:
         """The one reader of this node's reply stream: blocks in Redis, never polls."""
         failures = 0
-        while True:
+        while not self._closed:
             try:
                 streams = await self.link.call(
                     "xread", {self.reply: self._last_id}, count=READ_COUNT, block=BLOCK_MS
@@ -377,7 +388,7 @@ class RedisQueue(Queue):
                 )
 
     async def _sweep_forever(self) -> None:
-        while True:
+        while not self._closed:
             await asyncio.sleep(SWEEP_S if self._waiting else IDLE_SWEEP_S)
             try:
                 await self.sweep()
@@ -446,12 +457,8 @@ class RedisQueue(Queue):
         return max(0, cluster.depth - cluster.running), cluster.running
 
     async def close(self) -> None:
-        self._closing = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        self._closing = self._closed = True
+        await stop_tasks(self._tasks)
         self._tasks = []
         gone = "the API node stopped before this result arrived; it may still run"
         for job in list(self._waiting.values()):

@@ -8,8 +8,10 @@ of jobs; ``Settlement`` is one call of the settle script.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +39,8 @@ REPLY_MAXLEN = 100_000  # a reply stream nobody reads any more stays bounded
 BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0)
 NOT_CACHED = (Status.rejected, Status.internal_error)  # as the in-process queue
 
+log = logging.getLogger(__name__)
+
 
 def redacted(url: str) -> str:
     """The URL without its password, fit for messages."""
@@ -48,6 +52,23 @@ def redacted(url: str) -> str:
 
 def backoff(attempt: int) -> float:
     return BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
+
+
+async def stop_tasks(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for them to end. Their loops also check a flag of their
+    own, because on Python 3.11 a cancellation that lands just as redis-py finishes a send
+    is swallowed (``asyncio.wait_for``, gh-86296): cancelling again, after the loop's next
+    turn, makes sure."""
+    for _ in range(5):
+        pending = [task for task in tasks if not task.done()]
+        if not pending:
+            break
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=BLOCK_MS / 1000 + 1)
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.error("%s ended with %r", task.get_name(), task.exception())
 
 
 # ---------------------------------------------------------------- the wire
@@ -145,7 +166,7 @@ class RedisLink:
         )
         self.reachable = False
         self.epoch: bytes | None = None
-        self._token = secrets.token_hex(8).encode()
+        self.token = secrets.token_hex(8).encode()
 
     def _count(self) -> None:
         self.round_trips += 1
@@ -207,13 +228,13 @@ class RedisLink:
         raise AssertionError("unreachable")
 
     def add_epoch(self, pipe: Pipeline) -> None:
-        pipe.set(self.keys.epoch, self._token, nx=True, get=True)
+        pipe.set(self.keys.epoch, self.token, nx=True, get=True)
 
     def epoch_changed(self, previous: bytes | None) -> bool:
-        """Given what ``add_epoch`` answered: did Redis lose its data since we last looked?"""
-        current = previous if previous is not None else self._token
-        changed = self.epoch is not None and current != self.epoch
-        self.epoch = current
+        """Given the epoch Redis had before ``add_epoch`` or the admit script set it if
+        missing (None: it was missing): did Redis lose its data since we last looked?"""
+        changed = self.epoch is not None and previous != self.epoch
+        self.epoch = previous if previous is not None else self.token
         return changed
 
     async def close(self) -> None:

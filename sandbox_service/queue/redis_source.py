@@ -33,6 +33,7 @@ from sandbox_service.queue.redis_link import (
     Settlement,
     backoff,
     decode_jobs,
+    stop_tasks,
 )
 from sandbox_service.queue.scripts import SETTLE
 from sandbox_service.settings import Settings
@@ -83,6 +84,7 @@ class RedisJobSource:
         self._write_wake = asyncio.Event()
         self._want_more = asyncio.Event()
         self._taking = True
+        self._closed = False
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     async def start(self, describe: Callable[[], dict[str, Any]]) -> None:
@@ -302,7 +304,7 @@ class RedisJobSource:
     async def _write_forever(self) -> None:
         """Settles what is ready, everything that finished meanwhile in one round trip."""
         failures = 0
-        while True:
+        while not self._closed:
             await self._write_wake.wait()
             self._write_wake.clear()
             while self._settling:
@@ -325,7 +327,7 @@ class RedisJobSource:
     # ------------------------------------------------------------- heartbeat
 
     async def _beat_forever(self) -> None:
-        while True:
+        while not self._closed:
             try:
                 await self.beat()
             except (QueueUnavailable, ResponseError) as exc:
@@ -385,13 +387,18 @@ class RedisJobSource:
         deadline = time.monotonic() + SHUTDOWN_WRITE_S
         while (self._settling or self._writing) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        for task in self._tasks.values():
-            task.cancel()
-        for task in self._tasks.values():
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self.vanish()
         await self._leave()
         await self.link.close()
+
+    async def vanish(self) -> None:
+        """Stop every loop at once, settling nothing (what ``close`` does last; tests use
+        it alone to play a worker that died)."""
+        self._closed = True
+        self._taking = False
+        self._write_wake.set()
+        self._want_more.set()
+        await stop_tasks(list(self._tasks.values()))
 
     async def _leave(self) -> None:
         if self._held:  # could not settle (Redis down): stay in the group, to be reclaimed
@@ -406,7 +413,10 @@ class RedisJobSource:
         def fill(pipe: Pipeline) -> None:
             pipe.delete(k.worker(self.name))
             pipe.srem(k.workers, self.name)
-            pipe.xgroup_delconsumer(k.jobs, GROUP, self.name)
+            pipe.xpending_range(k.jobs, GROUP, "-", "+", 1, consumername=self.name)
 
         with contextlib.suppress(QueueUnavailable, ResponseError):
-            await self.link.pipeline(fill)
+            *_, pending = await self.link.pipeline(fill)
+            # Leaving the group drops what it still lists as ours: only when that is nothing.
+            if not pending:
+                await self.link.call("xgroup_delconsumer", k.jobs, GROUP, self.name)

@@ -23,10 +23,12 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
 
 
-# KEYS: jobs, depth, then (result, claim, waiters) per request that has an id.
-# ARGV: max_depth, chunk_size, reply, group, claim_ttl_ms, n, then (key, id_slot, body) per job;
-#       id_slot is 0 for a request without id, else which triple of KEYS is its.
-# Returns {'full', depth, fresh} or {'ok', depth, kind1, value1, ..., chunk_id1, ...} where kind
+# KEYS: jobs, depth, epoch, then (result, claim, waiters) per request that has an id.
+# ARGV: max_depth, chunk_size, reply, group, claim_ttl_ms, n, epoch_token, then
+#       (key, id_slot, body) per job; id_slot is 0 for a request without id, else which triple
+#       of KEYS is its.
+# Returns {'full', depth, epoch, fresh} or {'ok', depth, epoch, kind1, value1, ...,
+# chunk_id1, ...} where epoch is the epoch before this call (nil: this call set it) and kind
 # is 'r' (stored result: value), 'j' (running: value is its job key) or 'c' (queued in chunk
 # number value).
 ADMIT = Script(
@@ -34,12 +36,13 @@ ADMIT = Script(
     """
 local max_depth, chunk_size = tonumber(ARGV[1]), tonumber(ARGV[2])
 local reply, group, claim_ttl, n = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
-local out, fresh = {'ok', 0}, {}
+local epoch = redis.call('SET', KEYS[3], ARGV[7], 'NX', 'GET')
+local out, fresh = {'ok', 0, epoch}, {}
 for i = 1, n do
-  local slot = tonumber(ARGV[5 + 3 * i])
+  local slot = tonumber(ARGV[6 + 3 * i])
   local kind, value = 'c', ''
   if slot > 0 then
-    local k = 2 + 3 * (slot - 1)
+    local k = 3 + 3 * (slot - 1)
     local stored = redis.call('GET', KEYS[k + 1])
     if stored then
       kind, value = 'r', stored
@@ -48,20 +51,20 @@ for i = 1, n do
       if owner then kind, value = 'j', owner end
     end
   end
-  out[2 * i + 1], out[2 * i + 2] = kind, value
+  out[2 * i + 2], out[2 * i + 3] = kind, value
   if kind == 'c' then fresh[#fresh + 1] = i end
 end
 local depth = tonumber(redis.call('GET', KEYS[2]) or '0')
-if #fresh > 0 and depth + #fresh > max_depth then return {'full', depth, #fresh} end
+if #fresh > 0 and depth + #fresh > max_depth then return {'full', depth, epoch, #fresh} end
 for i = 1, n do
-  local slot = tonumber(ARGV[5 + 3 * i])
+  local slot = tonumber(ARGV[6 + 3 * i])
   if slot > 0 then
-    local k = 2 + 3 * (slot - 1)
-    if out[2 * i + 1] == 'j' then
+    local k = 3 + 3 * (slot - 1)
+    if out[2 * i + 2] == 'j' then
       redis.call('SADD', KEYS[k + 3], reply)
       redis.call('PEXPIRE', KEYS[k + 3], claim_ttl)
-    elseif out[2 * i + 1] == 'c' then
-      redis.call('SET', KEYS[k + 2], ARGV[4 + 3 * i], 'PX', claim_ttl)
+    elseif out[2 * i + 2] == 'c' then
+      redis.call('SET', KEYS[k + 2], ARGV[5 + 3 * i], 'PX', claim_ttl)
     end
   end
 end
@@ -79,8 +82,8 @@ for c = 1, chunks do
   local bodies = {}
   for _ = 1, size do
     local i = fresh[m]
-    bodies[#bodies + 1] = ARGV[6 + 3 * i]
-    out[2 * i + 2] = c
+    bodies[#bodies + 1] = ARGV[7 + 3 * i]
+    out[2 * i + 3] = c
     m = m + 1
   end
   out[#out + 1] = redis.call('XADD', KEYS[1], '*', 'n', size, 'reply', reply,
