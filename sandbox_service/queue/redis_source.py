@@ -130,6 +130,7 @@ class RedisJobSource:
         held.running -= 1
         held.results[job] = result
         self._settle_if_done(held)
+        self._want_more.set()
 
     async def retry(self, job: Job) -> None:
         held = self._chunk_of[job]
@@ -144,7 +145,7 @@ class RedisJobSource:
     async def _fetch_forever(self) -> None:
         failures = 0
         while self._taking:
-            if len(self._ready) >= self.settings.slots:
+            if len(self._ready) >= self.settings.slots or self._holding_a_retry():
                 self._want_more.clear()
                 await self._want_more.wait()
                 continue
@@ -174,6 +175,12 @@ class RedisJobSource:
             elif self.burst and not await self._more_in_burst():
                 self.finished.set()
                 return
+
+    def _holding_a_retry(self) -> bool:
+        """A job that was in the hands of a worker that vanished may be what killed it: while
+        one is in ours, take nothing more, so that if it kills us too nothing else is lost
+        with it (and charged an attempt it never had)."""
+        return any(job.attempts > 0 for job in self._chunk_of)
 
     async def _recreate_group(self, exc: ResponseError) -> None:
         log.warning("%s: creating the consumer group again (Redis restarted empty?)", exc)
