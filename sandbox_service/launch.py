@@ -3,6 +3,8 @@
 For programs that need a sandbox and were not given a URL (the trainer, the load generator,
 tests): ``with launch(slots=2) as service: ... service.url ...``. The service is a real
 ``sandbox-service serve`` process on a free loopback port, stopped with SIGTERM on exit.
+The nodes of Redis mode start the same way (``command=("api",)``), and ``RedisServer`` gives
+them a throwaway Redis.
 """
 
 from __future__ import annotations
@@ -112,3 +114,38 @@ def launch(log_path: str | None = None, **settings: Any) -> Iterator[ServiceProc
         yield service
     finally:
         service.stop()
+
+
+class RedisServer:
+    """A throwaway ``redis-server`` on a free loopback port, without persistence, for Redis
+    mode in tests and benchmarks; it can be stopped (SIGKILL, as a crash: its data is gone)
+    and started again on the same port."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready_timeout_s: float = 10.0) -> None:
+        with open(os.path.join(self.directory, "redis.log"), "ab") as log:
+            self.process = subprocess.Popen(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                 "--save", "", "--appendonly", "no", "--dir", self.directory],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        deadline = time.monotonic() + ready_timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.02)
+        self.stop()
+        raise LaunchError(f"redis-server did not start on port {self.port}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None

@@ -9,51 +9,22 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sandbox_service.launch import free_port
+from sandbox_service import launch
 
 
-class RedisServer:
-    """A redis-server process that can be stopped and started again on the same port."""
+class RedisServer(launch.RedisServer):
+    """Ours (``own``), or the one ``REDIS_URL`` names, which is never stopped."""
 
     def __init__(self, directory: Path, url: str | None = None) -> None:
-        self.directory = directory
-        self.port = free_port()
-        self.url = url or f"redis://127.0.0.1:{self.port}/0"
+        super().__init__(str(directory))
         self.own = url is None
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        assert self.own, "not our server"
-        with open(self.directory / "redis.log", "ab") as log:
-            self.process = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                 "--save", "", "--appendonly", "no", "--dir", str(self.directory)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            done = subprocess.run(
-                ["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True
-            )
-            if done.stdout.strip() == "PONG":
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
-
-    def stop(self) -> None:
-        """SIGKILL, as a crash: the data (none is saved) is gone."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self.process = None
+        self.url = url or self.url
 
 
 def _server(directory: Path) -> Iterator[RedisServer]:
