@@ -24,6 +24,7 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.maint_notifications import MaintNotificationsConfig
 
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
@@ -34,6 +35,7 @@ from sandbox_service.settings import Settings
 
 CONNECT_TIMEOUT_S = 2.0
 SOCKET_TIMEOUT_S = 10.0  # above BLOCK_MS, below anything a client would wait for
+MAX_CONNECTIONS = 64  # per node; blocking reads hold one each
 BLOCK_MS = 1000  # blocking reads return this often, so loops notice shutdown
 REPLY_MAXLEN = 100_000  # a reply stream nobody reads any more stays bounded
 BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0)
@@ -152,12 +154,17 @@ class RedisLink:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.where = redacted(settings.redis_url)
         self.keys = Keys(settings.redis_prefix)
-        self.client = aioredis.Redis.from_url(
+        # Bounded: a burst of requests waits for a connection instead of opening thousands.
+        pool = aioredis.BlockingConnectionPool.from_url(
             settings.redis_url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=SOCKET_TIMEOUT_S,
             socket_connect_timeout=CONNECT_TIMEOUT_S,
             socket_timeout=SOCKET_TIMEOUT_S,
             retry=Retry(NoBackoff(), 1),  # once, at once: a pooled connection may be stale
+            maint_notifications_config=MaintNotificationsConfig(enabled=False),  # Redis 7 OSS
         )
+        self.client = aioredis.Redis.from_pool(pool)
         self.round_trips = 0
         self._round_trips = Counter(
             "sandbox_redis_round_trips_total",

@@ -107,8 +107,8 @@ def test_results_correct_and_in_order_across_two_api_nodes_and_two_workers(
     deployment: Deployment,
 ) -> None:
     d = deployment
-    a, b, _, _ = d.many(d.api, d.api, lambda: d.worker(worker_name="w1"),
-                        lambda: d.worker(worker_name="w2"))  # fmt: skip
+    a, b, w1, _ = d.many(d.api, d.api, lambda: d.worker(worker_name="w1"),
+                         lambda: d.worker(worker_name="w2"))  # fmt: skip
     batches = [[f"print({n} * 1000 + {i})" for i in range(40)] for n in range(8)]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         responses = list(pool.map(lambda n: post((a, b)[n % 2].url, batches[n]), range(8)))
@@ -122,6 +122,17 @@ def test_results_correct_and_in_order_across_two_api_nodes_and_two_workers(
         "w2",
     ]
     assert report["executions"] == {"ok": 320} and report["queue_depth"] == 0
+    assert httpx.get(f"{w1.url}/healthz").status_code == 200  # the worker's own port
+    metrics = httpx.get(f"{w1.url}/metrics").text
+    assert 'sandbox_executions_total{status="ok"}' in metrics
+    assert "sandbox_redis_round_trips_total" in metrics and "sandbox_slots 1.0" in metrics
+
+
+def test_api_and_worker_commands_document_their_settings() -> None:
+    for command, expected in (("api", "--redis-url"), ("worker", "--burst")):
+        out = subprocess.run([sys.executable, "-m", "sandbox_service.cli", command, "--help"],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert expected in out and "--visibility-timeout-s" in out and "SANDBOX_" in out
 
 
 def test_sigkill_of_a_worker_mid_run_loses_nothing_and_answers_nothing_twice(
