@@ -164,13 +164,13 @@ def bench_redis(
     redis = RedisServer(logs)
     redis.start()
     try:
-        common = {"redis_url": redis.url}
-        api = start(os.path.join(logs, "api.log"), command=("api",), **common)
+        api = start(os.path.join(logs, "api.log"), command=("api",), redis_url=redis.url)
         per_worker = max(1, settings.slots // 2)
         workers = [
             start(os.path.join(logs, f"worker-{i}.log"), command=("worker",),
                   port_setting="worker_metrics_port", slots=per_worker,
-                  worker_name=f"bench-{i}", **common)
+                  worker_name=f"bench-{i}", redis_url=redis.url,
+                  uid_base=settings.uid_base + (i + 1) * settings.slots)  # no shared uids
             for i in range(2)
         ]  # fmt: skip
         nodes = [api, *workers]

@@ -14,12 +14,13 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from sandbox_service.executor.pool import SlotPool
 from sandbox_service.metrics import CONTENT_TYPE, Metrics
 from sandbox_service.models import StatusReport
+from sandbox_service.queue.base import Queue
 from sandbox_service.queue.redis import RedisJobSource, RedisQueue
 from sandbox_service.runtime import limits
 from sandbox_service.settings import Settings
@@ -34,40 +35,41 @@ class RedisRuntime:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.metrics = Metrics()
-        self.queue = RedisQueue(settings, self.metrics)
+        self.redis = RedisQueue(settings, self.metrics)
+        self.queue: Queue = self.redis  # what the routes see: the Queue interface only
         self.started_at = time.monotonic()
         self._deadline: asyncio.TimerHandle | None = None
         self._rejecting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        await self.queue.start()
+        await self.redis.start()
         # Cluster-wide jobs admitted and not answered (waiting + running), and the
         # requests this node is waiting on.
-        self.metrics.watch(self.metrics.queue_depth, lambda: self.queue.cluster_depth)
-        self.metrics.watch(self.metrics.in_flight, lambda: self.queue.in_flight)
+        self.metrics.watch(self.metrics.queue_depth, lambda: self.redis.cluster_depth)
+        self.metrics.watch(self.metrics.in_flight, lambda: self.redis.in_flight)
 
     def begin_shutdown(self) -> None:
         if self._deadline is not None:
             return
-        self.queue.begin_shutdown()
+        self.redis.begin_shutdown()
         grace = self.settings.graceful_shutdown_s
         log.info("shutting down: no new work; %.0f s for work in flight", grace)
         self._deadline = asyncio.get_running_loop().call_later(grace, self._grace_over)
 
     def _grace_over(self) -> None:
         message = "the API node shut down before this request started; it did not run"
-        self._rejecting = asyncio.create_task(self.queue.reject_undelivered(message))
+        self._rejecting = asyncio.create_task(self.redis.reject_undelivered(message))
 
     async def stop(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
-        await self.queue.close()
+        await self.redis.close()
 
     async def ready(self) -> tuple[bool, str]:
-        return await self.queue.ready()
+        return await self.redis.ready()
 
     async def status(self) -> StatusReport:
-        cluster = await self.queue.cluster()
+        cluster = await self.redis.cluster()
         return StatusReport(
             mode="redis",
             queue_depth=max(0, cluster.depth - cluster.running),
@@ -86,7 +88,7 @@ class RedisRuntime:
 Probe = Callable[[], Awaitable[tuple[int, str, bytes]]]
 
 
-async def serve_probes(host: str, port: int, routes: dict[str, Probe]) -> asyncio.Server:
+async def serve_probes(host: str, port: int, routes: Mapping[str, Probe]) -> asyncio.Server:
     """A minimal HTTP/1.1 responder for GETs of a few paths (no framework needed for three
     endpoints a scraper and a kubelet call)."""
 

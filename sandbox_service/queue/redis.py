@@ -426,7 +426,8 @@ class RedisQueue(Queue):
         )
         ordered = sorted(n.decode() for n in names)
         beats = await self.link.call("mget", [k.worker(n) for n in ordered]) if ordered else []
-        now, workers, isolation = time.time(), [], {}
+        now, workers = time.time(), []
+        isolation: dict[str, bool | str] = {}
         for name, beat in zip(ordered, beats, strict=True):
             if beat is None:  # stopped reporting: gone
                 await self.link.call("srem", k.workers, name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -21,6 +22,7 @@ from typing import Any
 
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
+from redis.typing import StreamIdT
 
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import ExecuteResult, Status
@@ -318,7 +320,7 @@ class RedisJobSource:
                 batch, self._settling = self._settling, []
                 self._writing = True
                 try:
-                    await self.link.pipeline(lambda p, b=batch: self._fill_settle(p, b))
+                    await self.link.pipeline(functools.partial(self._fill_settle, batch=batch))
                 except (QueueUnavailable, ResponseError) as exc:
                     log.warning("settling %d chunks: %s; retrying", len(batch), exc)
                     self._settling[:0] = batch
@@ -346,7 +348,7 @@ class RedisJobSource:
         and take over chunks of workers that went silent."""
         k, s = self.keys, self.settings
         info = json.dumps({**self.describe(), "at": time.time()})
-        holding = list(self._held)
+        holding: list[StreamIdT] = list(self._held)
         taking = self._taking
 
         def fill(pipe: Pipeline) -> None:
