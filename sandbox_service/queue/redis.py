@@ -30,14 +30,19 @@ key schema is in ``queue.keys``; the two scripts that change the queue are in
   its jobs is counted one more attempt (carried in the job itself) and put back alone, so a
   job that kills its worker every time is isolated from the rest of its chunk, and once it has
   been handed ``max_attempts`` times to workers that vanished it is answered
-  ``internal_error`` with a message saying so, instead of killing workers forever. (A job
-  that crashes only its zygote is retried by the worker loop itself.)
+  ``internal_error`` with a message saying so, instead of killing workers forever. A worker
+  holding such a job takes nothing more until it is done, so if it dies too it takes no
+  bystander with it. Attempts are counted per hand-over, not per start: a job merely waiting
+  in a worker that died is charged one too, which is why ``max_attempts`` defaults to 3. The
+  stream's own delivery counter is not used: a job put back alone is a new entry. (A job that
+  crashes only its zygote is retried by the worker loop itself.)
 - **Idempotency by ``id``.** Results of requests with an ``id`` are stored for
   ``result_ttl_s``; while such a job runs, a claim names its job key, and a re-submission on
   any API node joins it (its reply stream is added to the job's waiters) instead of running
   it again. Admission checks the stored result, the claim and the depth in the same script.
 - **Results go back without polling.** Each API node has its own reply stream; one reader
-  task per node waits on it with XREAD BLOCK and resolves the futures of waiting requests.
+  task per node waits on it with XREAD BLOCK and resolves the futures of waiting requests
+  (rather than pub/sub, which loses what is published while a node reconnects).
   Joined requests of other nodes get a copy on their own streams. Results that arrive twice
   (a reclaimed job that ran twice) are dropped: each request is answered once.
 - **Deadlines.** Every job carries its start-by time (``max_queue_wait_s`` after admission);

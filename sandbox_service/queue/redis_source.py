@@ -370,6 +370,8 @@ class RedisJobSource:
         results = await self.link.pipeline(fill)
         self.cluster_depth = int(results[2] or 0)
         if taking and self._taking:
+            # XAUTOCLAIM answers [next id, entries] on Redis 6.2 and [next id, entries,
+            # ids of deleted entries] since 7.0: the entries are [1] on both.
             self._reclaim(results[-1][1])
 
     # ------------------------------------------------------------- stopping
