@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -156,45 +157,39 @@ def _round_trips(nodes: list[ServiceProcess]) -> float:
     return total
 
 
-def bench_redis(
-    settings: Settings, sizes: dict[str, int], batch: int, logs: str
-) -> tuple[list[Figure], dict[str, float]]:
-    """The workloads through 1 API node and 2 worker nodes on a throwaway redis-server."""
-    figures, trips = [], {}
+@contextlib.contextmanager
+def redis_mode(settings: Settings, logs: str) -> Iterator[list[ServiceProcess]]:
+    """1 API node and 2 worker nodes (half the slots each) on a throwaway redis-server;
+    yields [api, worker, worker]."""
     redis = RedisServer(logs)
     redis.start()
+    nodes: list[ServiceProcess] = []
     try:
-        api = start(os.path.join(logs, "api.log"), command=("api",), redis_url=redis.url)
-        per_worker = max(1, settings.slots // 2)
-        workers = [
-            start(os.path.join(logs, f"worker-{i}.log"), command=("worker",),
-                  port_setting="worker_metrics_port", slots=per_worker,
-                  worker_name=f"bench-{i}", redis_url=redis.url,
-                  uid_base=settings.uid_base + (i + 1) * settings.slots)  # no shared uids
-            for i in range(2)
-        ]  # fmt: skip
-        nodes = [api, *workers]
-        try:
-            for workload, count in sizes.items():
-                before = [0.0]
-
-                def warm(mark: list[float] = before) -> None:
-                    mark[0] = _round_trips(nodes)
-
-                figure = asyncio.run(
-                    bench_service(api.url, workload, count, batch, mode="redis", warm=warm)
-                )
-                trips[workload] = (_round_trips(nodes) - before[0]) / count
-                figures.append(figure)
-                print(_table([figure]).splitlines()[-1], flush=True)
-            figures.append(asyncio.run(bench_service_latency(api.url, 200, mode="redis-single")))
-            print(_table(figures[-1:]).splitlines()[-1], flush=True)
-        finally:
-            for node in nodes:
-                node.stop()
+        nodes.append(start(os.path.join(logs, "api.log"), command=("api",), redis_url=redis.url))
+        for i in range(2):
+            nodes.append(start(
+                os.path.join(logs, f"worker-{i}.log"), command=("worker",),
+                port_setting="worker_metrics_port", slots=max(1, settings.slots // 2),
+                worker_name=f"bench-{i}", redis_url=redis.url,
+                uid_base=settings.uid_base + (i + 1) * settings.slots,  # no shared uids
+            ))  # fmt: skip
+        yield nodes
     finally:
+        for node in nodes:
+            node.stop()
         redis.stop()
-    return figures, trips
+
+
+def bench_redis(nodes: list[ServiceProcess], workload: str, n: int, batch: int
+                ) -> tuple[Figure, float]:  # fmt: skip
+    """One workload through Redis mode; (figure, Redis round trips per execution)."""
+    before = [0.0]
+
+    def warm() -> None:
+        before[0] = _round_trips(nodes)
+
+    figure = asyncio.run(bench_service(nodes[0].url, workload, n, batch, "redis", warm))
+    return figure, (_round_trips(nodes) - before[0]) / n
 
 
 async def bench_service_latency(url: str, n: int, mode: str = "service-single") -> Figure:
@@ -266,17 +261,27 @@ def main(argv: list[str] | None = None) -> int:
         for workload, count in sizes.items():
             figures.append(asyncio.run(bench_bare(settings, workload, count)))
             print(_table(figures[-1:]).splitlines()[-1], flush=True)
-    with launch(log_path=os.path.join(tempfile.gettempdir(), "bench-service.log")) as service:
+    # Embedded and Redis mode side by side, each workload through one then the other, so
+    # that both see the same machine (others' load on a shared one drifts over minutes).
+    logs = tempfile.mkdtemp(prefix="bench-")
+    print(f"service logs in {logs}", flush=True)
+    with contextlib.ExitStack() as stack:
+        service = stack.enter_context(launch(log_path=os.path.join(logs, "service.log")))
+        nodes = stack.enter_context(redis_mode(settings, logs)) if "redis" in modes else []
         for workload, count in sizes.items():
             figures.append(asyncio.run(bench_service(service.url, workload, count, args.batch)))
             print(_table(figures[-1:]).splitlines()[-1], flush=True)
+            if nodes:
+                figure, trips[workload] = bench_redis(nodes, workload, count, args.batch)
+                figures.append(figure)
+                print(_table(figures[-1:]).splitlines()[-1], flush=True)
         figures.append(asyncio.run(bench_service_latency(service.url, min(n, 500))))
         print(_table(figures[-1:]).splitlines()[-1], flush=True)
+        if nodes:
+            single = bench_service_latency(nodes[0].url, min(n, 500), "redis-single")
+            figures.append(asyncio.run(single))
+            print(_table(figures[-1:]).splitlines()[-1], flush=True)
         isolation = asyncio.run(_isolation(service.url))
-    if "redis" in modes:
-        with tempfile.TemporaryDirectory(prefix="bench-redis-") as logs:
-            redis_figures, trips = bench_redis(settings, sizes, args.batch, logs)
-        figures.extend(redis_figures)
     if "naive" in modes:
         for workload, count in naive_sizes.items():
             figures.append(bench_naive(workload, count, parallel))
