@@ -22,8 +22,10 @@ from sandbox_service.queue.base import (
     QueueFull,
     QueueUnavailable,
     ResultCache,
+    park,
     queue_timeout,
     result_for,
+    wake,
 )
 from sandbox_service.settings import Settings
 
@@ -105,12 +107,7 @@ class LocalQueue(Queue):
     # ------------------------------------------------------------- consumer face
 
     def _wake_one(self) -> bool:
-        while self._getters:
-            getter = self._getters.popleft()
-            if not getter.done():
-                getter.set_result(None)
-                return True
-        return False
+        return wake(self._getters) == 1
 
     async def get(self) -> Job | None:
         while True:
@@ -122,13 +119,7 @@ class LocalQueue(Queue):
                 return job
             if self._closed:
                 return None
-            getter = asyncio.get_running_loop().create_future()
-            self._getters.append(getter)
-            try:
-                await getter
-            except asyncio.CancelledError:
-                getter.cancel()
-                raise
+            await park(self._getters)
 
     async def done(self, job: Job, result: ExecuteResult) -> None:
         self._running -= 1
