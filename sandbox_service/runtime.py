@@ -39,9 +39,15 @@ def limits(settings: Settings) -> dict[str, float | int]:
 
 
 class Runtime(Protocol):
-    settings: Settings
-    queue: Queue
-    metrics: Metrics
+    # Read-only here, so that a runtime may hold a narrower kind (LocalQueue, say).
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def queue(self) -> Queue: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
 
     async def start(self) -> None: ...
 
