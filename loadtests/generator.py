@@ -1,0 +1,290 @@
+"""The load generator: a closed loop of lanes driving a target, and a record of every answer.
+
+``concurrency`` executions are in flight at once: ``concurrency // batch`` lanes, each sending
+one batch, waiting for its answer, and sending the next, until ``count`` items are sent or
+``duration_s`` has passed. Answers still out then get ``drain_s`` more; whatever has no answer
+after that is counted lost, as is every batch the target could not get an answer for. Nothing
+runs unbounded: the whole run ends by ``duration_s + drain_s`` at the latest.
+
+Each answer is checked against its item's expectation; ``Recorder`` keeps the end-to-end
+latency, the service's queue wait and run time, the status, and when it arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from loadtests.procwatch import Watcher
+from loadtests.targets import NoAnswer, Target
+from loadtests.workloads import Item
+
+WRONG_EXAMPLES = 20
+UNANSWERED_AT_STOP = "no answer when the run stopped"
+
+
+@dataclass(frozen=True)
+class Plan:
+    count: int
+    concurrency: int = 64
+    batch: int = 1
+    duration_s: float = 600.0
+    drain_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.count < 0 or self.concurrency < 1 or self.batch < 1:
+            raise ValueError("count must be >= 0, concurrency and batch >= 1")
+
+    @property
+    def lanes(self) -> int:
+        return max(1, self.concurrency // self.batch)
+
+    @property
+    def in_flight(self) -> int:
+        """Executions in flight at once: the lanes times the batch size."""
+        return self.lanes * min(self.batch, self.concurrency)
+
+
+@dataclass
+class Recorder:
+    """Every answer and loss of one run. Times are seconds; ``done_at`` is since the start."""
+
+    started: float = field(default_factory=time.monotonic)
+    sent: int = 0
+    lost: int = 0
+    wrong: int = 0
+    latency: list[float] = field(default_factory=list)
+    queue_wait: list[float] = field(default_factory=list)
+    run_time: list[float] = field(default_factory=list)
+    done_at: list[float] = field(default_factory=list)
+    statuses: Counter[str] = field(default_factory=Counter)
+    lost_reasons: Counter[str] = field(default_factory=Counter)
+    wrong_kinds: Counter[str] = field(default_factory=Counter)
+    wrong_examples: list[dict[str, Any]] = field(default_factory=list)
+    first_sent: float | None = None
+    last_answer: float | None = None
+
+    @property
+    def answered(self) -> int:
+        return len(self.latency)
+
+    def sending(self, items: list[Item], now: float) -> None:
+        self.sent += len(items)
+        if self.first_sent is None:
+            self.first_sent = now
+
+    def answer(self, item: Item, result: dict[str, Any], latency: float, now: float) -> None:
+        self.latency.append(latency)
+        self.queue_wait.append(float(result.get("queue_time_s") or 0.0))
+        self.run_time.append(float(result.get("wall_time_s") or 0.0))
+        self.done_at.append(now - self.started)
+        self.last_answer = now
+        status = str(result.get("status"))
+        self.statuses[status] += 1
+        if not item.check(result):
+            self.wrong += 1
+            self.wrong_kinds[item.kind] += 1
+            if len(self.wrong_examples) < WRONG_EXAMPLES:
+                self.wrong_examples.append(wrong_example(item, result))
+
+    def lose(self, items: list[Item], reason: str) -> None:
+        self.lost += len(items)
+        self.lost_reasons[reason] += len(items)
+
+
+def wrong_example(item: Item, result: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": item.kind,
+        "code": item.request.get("code", "")[:300],
+        "expected_statuses": sorted(item.statuses),
+        "expected_stdout": item.stdout,
+        "status": result.get("status"),
+        "stdout": str(result.get("stdout", ""))[:300],
+        "stderr": str(result.get("stderr", ""))[-300:],
+        "message": str(result.get("message", ""))[:300],
+    }
+
+
+class Progress:
+    """A status line on stderr: answers, rate over the last interval, lost, wrong, statuses.
+    Rewritten in place on a terminal, a line every ``log_every_s`` otherwise."""
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        total: int,
+        label: str,
+        stream: TextIO | None = None,
+        watcher: Watcher | None = None,
+    ) -> None:
+        self.recorder = recorder
+        self.total = total
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.watcher = watcher
+        self.tty = self.stream.isatty()
+        self.log_every_s = 1.0 if self.tty else 10.0
+
+    def line(self, rate: float) -> str:
+        r = self.recorder
+        elapsed = time.monotonic() - r.started
+        width = len(str(self.total))
+        not_ok = sum(n for s, n in r.statuses.items() if s != "ok")
+        text = (
+            f"[{self.label} {elapsed:6.1f}s] {r.answered:{width}d}/{self.total} answered "
+            f"{rate:8.1f}/s  lost {r.lost}  wrong {r.wrong}  not-ok {not_ok}"
+        )
+        if self.watcher is not None and self.watcher.last_depth is not None:
+            text += f"  server depth {self.watcher.last_depth}"
+        return text
+
+    async def run(self) -> None:
+        last_n, last_t = 0, time.monotonic()
+        while True:
+            await asyncio.sleep(self.log_every_s)
+            now = time.monotonic()
+            n = self.recorder.answered
+            rate = (n - last_n) / max(now - last_t, 1e-9)
+            last_n, last_t = n, now
+            self.write(self.line(rate))
+
+    def write(self, text: str) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + text)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        r = self.recorder
+        span = (r.last_answer or time.monotonic()) - (r.first_sent or r.started)
+        self.write(self.line(r.answered / max(span, 1e-9)))
+        if self.tty:
+            self.stream.write("\n")
+
+
+async def drive(target: Target, items: Iterable[Item], plan: Plan, recorder: Recorder) -> None:
+    """Send ``plan.count`` items (fewer if the duration runs out) and record every outcome."""
+    source: Iterator[Item] = itertools.islice(iter(items), plan.count)
+    start = recorder.started
+    stop_sending = start + plan.duration_s
+    hard_stop = stop_sending + plan.drain_s
+    size = min(plan.batch, plan.concurrency)
+
+    async def lane(index: int) -> None:
+        while time.monotonic() < stop_sending:
+            batch = list(itertools.islice(source, size))
+            if not batch:
+                return
+            sent_at = time.monotonic()
+            recorder.sending(batch, sent_at)
+            try:
+                results = await target.send(batch, index, hard_stop)
+            except NoAnswer as exc:
+                recorder.lose(batch, exc.reason)
+                continue
+            except asyncio.CancelledError:
+                recorder.lose(batch, UNANSWERED_AT_STOP)
+                raise
+            now = time.monotonic()
+            for item, result in zip(batch, results, strict=True):
+                recorder.answer(item, result, now - sent_at, now)
+
+    await target.open(plan.lanes)
+    try:
+        tasks = [asyncio.create_task(lane(i), name=f"lane-{i}") for i in range(plan.lanes)]
+        done, pending = await asyncio.wait(tasks, timeout=max(0.0, hard_stop - time.monotonic()))
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task in done:
+            task.result()  # a bug in a lane is raised, not hidden
+    finally:
+        await target.close()
+
+
+@dataclass
+class Run:
+    """One measured run: what was asked, what was recorded, and what it cost in CPU."""
+
+    label: str
+    target: str
+    workload: str
+    plan: Plan
+    recorder: Recorder
+    client_cpu_s: float = 0.0
+    server_cpu_s: float | None = None
+    watcher: Watcher | None = None
+    retries: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def unsent(self) -> int:
+        return self.plan.count - self.recorder.sent
+
+    @property
+    def seconds(self) -> float:
+        r = self.recorder
+        if r.first_sent is None or r.last_answer is None:
+            return 0.0
+        return r.last_answer - r.first_sent
+
+
+def children_cpu_s() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+async def measure(
+    target: Target,
+    items: Iterable[Item],
+    plan: Plan,
+    *,
+    workload: str,
+    target_name: str,
+    watcher: Watcher | None = None,
+    progress: bool = True,
+) -> Run:
+    """``drive`` with CPU accounting, server sampling and a progress line around it.
+
+    Client CPU is this process's own; server CPU is the watched process tree's, or, for a
+    target that spawns children of this process (the naive baseline), those children's.
+    """
+    recorder = Recorder()
+    side: list[asyncio.Task[None]] = []
+    show = Progress(recorder, plan.count, target.label, watcher=watcher) if progress else None
+    if show is not None:
+        side.append(asyncio.create_task(show.run()))
+    if watcher is not None:
+        await watcher.begin()
+        side.append(asyncio.create_task(watcher.run()))
+    target.retries.clear()
+    cpu0, children0 = time.process_time(), children_cpu_s()
+    try:
+        await drive(target, items, plan, recorder)
+    finally:
+        for task in side:
+            task.cancel()
+        for task in side:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    run = Run(target.label, target_name, workload, plan, recorder)
+    run.client_cpu_s = time.process_time() - cpu0
+    run.retries = dict(target.retries)
+    if watcher is not None:
+        await watcher.end()
+        run.watcher = watcher
+        run.server_cpu_s = watcher.cpu_s()
+    elif children_cpu_s() > children0:
+        run.server_cpu_s = children_cpu_s() - children0
+    if show is not None:
+        show.finish()
+    return run
