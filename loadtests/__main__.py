@@ -32,7 +32,7 @@ from loadtests.generator import Plan, Run, measure
 from loadtests.procwatch import Watcher, listening_pid
 from loadtests.targets import HttpTarget, NaiveTarget, Target
 from loadtests.workloads import Context, Workload, WorkloadError, parse
-from sandbox_service.launch import ServiceProcess, launch
+from sandbox_service.launch import launch
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -61,9 +61,13 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for one answer")
     p.add_argument("--warmup", type=int, default=20, help="executions sent first, not counted")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload's random choices")
-    p.add_argument("--server-pid", type=int, help="API process to sample (default: found "
-                   "from the port when the URL is on this machine)")  # fmt: skip
-    p.add_argument("--work-root", help="the service's work root, to count leftover entries")
+    p.add_argument("--server-pid", type=int, action="append", default=[],
+                   help="a process of the service to sample: the API process first, then any "
+                        "worker processes (default: the one listening on the URL's port, "
+                        "when it is on this machine)")  # fmt: skip
+    p.add_argument("--scratch-dir", action="append", default=[], metavar="DIR",
+                   help="a directory the service writes in (its work root, TMPDIR), to count "
+                        "what is left there; --launch adds its own")  # fmt: skip
     p.add_argument("--sample-interval", type=float, default=1.0, help="seconds between samples")
     p.add_argument("--baseline", help="a second target run after the first: a URL, or 'naive'")
     p.add_argument("--baseline-count", type=int, help="executions for the baseline "
@@ -92,18 +96,20 @@ def settings_of(args: argparse.Namespace, work_root: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def service(args: argparse.Namespace, out_dir: str) -> Iterator[tuple[str, ServiceProcess | None]]:
-    """The URL to test, starting an embedded service (with a private work root) if asked."""
+def service(args: argparse.Namespace, out_dir: str) -> Iterator[tuple[str, list[int], list[str]]]:
+    """The URL to test, the PIDs to sample and the directories to check for leftovers;
+    with ``--launch``, of an embedded service started with a private work root and TMPDIR."""
     if not args.launch:
-        yield args.url, None
+        yield args.url, args.server_pid, args.scratch_dir
         return
-    with tempfile.TemporaryDirectory(prefix="loadtest-work-") as work_root:
-        settings = settings_of(args, args.work_root or work_root)
-        args.work_root = settings["work_root"]  # the watcher counts what is left there
+    with tempfile.TemporaryDirectory(prefix="loadtest-") as scratch:
+        work_root, tmp = os.path.join(scratch, "work"), os.path.join(scratch, "tmp")
+        os.makedirs(tmp)
+        settings = settings_of(args, work_root)
         log = os.path.join(out_dir, "service.log")
         print(f"starting an embedded service ({settings}); log: {log}", file=sys.stderr)
-        with launch(log_path=log, **settings) as svc:
-            yield svc.url, svc
+        with launch(log_path=log, extra_env={"TMPDIR": tmp}, **settings) as svc:
+            yield svc.url, [svc.process.pid], [*args.scratch_dir, settings["work_root"], tmp]
 
 
 def local_pid(url: str) -> int | None:
@@ -113,13 +119,15 @@ def local_pid(url: str) -> int | None:
     return listening_pid(parts.port or 80)
 
 
-def watcher_for(url: str, pid: int | None, args: argparse.Namespace) -> Watcher | None:
-    pid = pid or local_pid(url)
-    if pid is None:
+def watcher_for(
+    url: str, pids: list[int], scratch: list[str], args: argparse.Namespace
+) -> Watcher | None:
+    found = local_pid(url) if not pids else None
+    if not pids and found is None:
         print(f"not sampling the server of {url}: no local PID (give --server-pid)",
               file=sys.stderr)  # fmt: skip
         return None
-    return Watcher(pid, url, args.work_root, args.sample_interval)
+    return Watcher(pids or [found], url, scratch, args.sample_interval)
 
 
 def service_status(url: str) -> dict[str, Any]:
@@ -188,14 +196,14 @@ async def main_async(args: argparse.Namespace, out_dir: str) -> list[Run]:
     plan = Plan(args.count, args.concurrency, args.batch, args.duration, args.drain)
     second = baseline_run(args, workload) if args.baseline else None  # refuse before running
     runs: list[Run] = []
-    with service(args, out_dir) as (url, svc):
-        watcher = watcher_for(url, args.server_pid or (svc.process.pid if svc else None), args)
+    with service(args, out_dir) as (url, pids, scratch):
+        watcher = watcher_for(url, pids, scratch, args)
         target = HttpTarget(url, "service", args.timeout)
         runs.append(await one_run(target, workload, plan, args, watcher, url))
         runs[0].notes.append(f"service status at the end: {service_status(url)}")
     if second is not None:
         target, bplan, name = second
-        bwatch = watcher_for(args.baseline, None, args) if name.startswith("http") else None
+        bwatch = watcher_for(args.baseline, [], [], args) if name.startswith("http") else None
         runs.append(await one_run(target, workload, bplan, args, bwatch, name))
     return runs
 

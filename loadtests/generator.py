@@ -7,7 +7,9 @@ after that is counted lost, as is every batch the target could not get an answer
 runs unbounded: the whole run ends by ``duration_s + drain_s`` at the latest.
 
 Each answer is checked against its item's expectation; ``Recorder`` keeps the end-to-end
-latency, the service's queue wait and run time, the status, and when it arrived.
+latency, the service's queue wait and run time, the status, when the answer arrived, and
+when the execution itself finished (sent + queue wait + run time: in a batch of a thousand
+that can be long before the batch's answer).
 """
 
 from __future__ import annotations
@@ -59,12 +61,15 @@ class Recorder:
 
     started: float = field(default_factory=time.monotonic)
     sent: int = 0
+    outstanding: int = 0  # sent, not yet answered or lost: executions in flight now
+    max_outstanding: int = 0
     lost: int = 0
     wrong: int = 0
     latency: list[float] = field(default_factory=list)
     queue_wait: list[float] = field(default_factory=list)
     run_time: list[float] = field(default_factory=list)
     done_at: list[float] = field(default_factory=list)
+    finished_at: list[float] = field(default_factory=list)
     statuses: Counter[str] = field(default_factory=Counter)
     lost_reasons: Counter[str] = field(default_factory=Counter)
     wrong_kinds: Counter[str] = field(default_factory=Counter)
@@ -78,14 +83,20 @@ class Recorder:
 
     def sending(self, items: list[Item], now: float) -> None:
         self.sent += len(items)
+        self.outstanding += len(items)
+        self.max_outstanding = max(self.max_outstanding, self.outstanding)
         if self.first_sent is None:
             self.first_sent = now
 
     def answer(self, item: Item, result: dict[str, Any], latency: float, now: float) -> None:
+        queue_wait = float(result.get("queue_time_s") or 0.0)
+        run_time = float(result.get("wall_time_s") or 0.0)
+        self.outstanding -= 1
         self.latency.append(latency)
-        self.queue_wait.append(float(result.get("queue_time_s") or 0.0))
-        self.run_time.append(float(result.get("wall_time_s") or 0.0))
+        self.queue_wait.append(queue_wait)
+        self.run_time.append(run_time)
         self.done_at.append(now - self.started)
+        self.finished_at.append(min(now - latency + queue_wait + run_time, now) - self.started)
         self.last_answer = now
         status = str(result.get("status"))
         self.statuses[status] += 1
@@ -96,6 +107,7 @@ class Recorder:
                 self.wrong_examples.append(wrong_example(item, result))
 
     def lose(self, items: list[Item], reason: str) -> None:
+        self.outstanding -= len(items)
         self.lost += len(items)
         self.lost_reasons[reason] += len(items)
 

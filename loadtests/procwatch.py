@@ -5,8 +5,8 @@ Given the PID of the API process (or found from the port it listens on), each sa
 they spawned): the API process's resident memory, the zygotes' proportional share (PSS, so
 pages shared with their children count once), the number of processes and zombies, and the
 CPU time of the tree including children already reaped. ``/v1/status`` gives queue depth and
-jobs running. Before and after the run it counts the entries under the service's work root,
-so leaked working directories show.
+jobs running. Before and after the run it counts the entries under the directories it is
+given (the service's work root and TMPDIR), so leaked working directories and files show.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import contextlib
 import os
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -120,6 +121,11 @@ def count_entries(path: str | None) -> int | None:
     return sum(len(dirs) + len(files) for _, dirs, files in os.walk(path))
 
 
+def count_all(paths: Sequence[str]) -> int | None:
+    counts = [n for n in map(count_entries, paths) if n is not None]
+    return sum(counts) if counts else None
+
+
 @dataclass
 class Sample:
     t: float  # seconds since the watch began
@@ -133,19 +139,21 @@ class Sample:
 
 
 class Watcher:
-    """Samples a service's process tree every ``interval_s`` and its status as often as it
-    answers. ``begin`` and ``end`` take the samples the leak checks compare."""
+    """Samples a service's process trees every ``interval_s`` and its status as often as it
+    answers. ``pids``: the API process first, then any worker processes (Redis mode); the
+    zygotes are the children of any of them. ``begin`` and ``end`` take the samples the leak
+    checks compare."""
 
     def __init__(
         self,
-        pid: int,
+        pids: int | Sequence[int],
         url: str | None = None,
-        work_root: str | None = None,
+        scratch: Sequence[str] = (),
         interval_s: float = 1.0,
     ) -> None:
-        self.pid = pid
+        self.pids = [pids] if isinstance(pids, int) else list(pids)
         self.url = url
-        self.work_root = work_root
+        self.scratch = list(scratch)
         self.interval_s = interval_s
         self.samples: list[Sample] = []
         self.started = time.monotonic()
@@ -157,17 +165,19 @@ class Watcher:
         self._http: httpx.AsyncClient | None = None
 
     def sample(self) -> Sample | None:
-        procs = tree(self.pid)
-        if not procs:
+        table = all_procs()
+        trees = [tree(pid, table) for pid in self.pids]
+        if not trees[0]:
             return None
-        zygotes = [p for p in procs if p.ppid == self.pid]
+        procs = list({p.pid: p for t in trees for p in t}.values())
+        zygotes = [p for p in procs if p.ppid in self.pids]
         now = time.monotonic()
         waiting = running = None
         if self._status is not None and now - self._status[0] < 3 * self.interval_s:
             _, waiting, running = self._status
         s = Sample(
             t=round(now - self.started, 3),
-            api_rss_mb=round(procs[0].rss_mb, 1),
+            api_rss_mb=round(trees[0][0].rss_mb, 1),
             zygotes_pss_mb=round(sum(pss_mb(p.pid) for p in zygotes), 1),
             processes=len(procs),
             zombies=sum(p.state == "Z" for p in procs),
@@ -197,7 +207,7 @@ class Watcher:
             timeout = httpx.Timeout(max(5.0, 5 * self.interval_s))
             self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout)
             await self.poll_status()
-        self.entries["start"] = count_entries(self.work_root)
+        self.entries["start"] = count_all(self.scratch)
         first = self.sample()
         if first is not None:
             self.idle_processes["start"] = first.processes
@@ -230,7 +240,7 @@ class Watcher:
         last = self.sample()
         if last is not None:
             self.idle_processes["end"] = last.processes
-        self.entries["end"] = count_entries(self.work_root)
+        self.entries["end"] = count_all(self.scratch)
         if self._http is not None:
             await self._http.aclose()
             self._http = None
@@ -242,7 +252,7 @@ class Watcher:
 
     def summary(self) -> dict[str, Any]:
         if not self.samples:
-            return {"pid": self.pid, "samples": 0}
+            return {"pids": self.pids, "samples": 0}
         s = self.samples
 
         def span(name: str) -> dict[str, float]:
@@ -252,7 +262,7 @@ class Watcher:
         at_depth = [x for x in s if x.waiting is not None and x.running is not None]
         deepest = max(at_depth, key=lambda x: (x.waiting or 0) + (x.running or 0), default=None)
         return {
-            "pid": self.pid,
+            "pids": self.pids,
             "samples": len(s),
             "interval_s": self.interval_s,
             "api_rss_mb": span("api_rss_mb"),
@@ -260,7 +270,8 @@ class Watcher:
             "processes": span("processes"),
             "zombies_max": max(x.zombies for x in s),
             "idle_processes": dict(self.idle_processes),
-            "work_root_entries": dict(self.entries),
+            "scratch_dirs": self.scratch,
+            "scratch_entries": dict(self.entries),
             "depth_max": self.depth_max,
             "api_rss_mb_at_depth_max": deepest.api_rss_mb if deepest else None,
             "cpu_s": self.cpu_s(),

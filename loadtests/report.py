@@ -6,7 +6,8 @@ Rates are answers over the span from the first request sent to the last answer r
 
 Files written into the output directory: ``report.json``, ``summary.md``, ``latency.png``
 (histogram and CDF of end-to-end latency, queue wait and run time), ``throughput.png``
-(answers per second over time, with the server's queue depth where it was sampled) and
+(answers received and executions finished per second, with the server's queue depth where
+it was sampled) and
 ``server.png`` (the service's memory and process count over time, where it was sampled).
 """
 
@@ -73,6 +74,7 @@ def figures(run: Run) -> dict[str, Any]:
             "drain_s": run.plan.drain_s,
         },
         "sent": r.sent,
+        "max_in_flight": r.max_outstanding,
         "unsent": run.unsent,
         "answered": r.answered,
         "lost": r.lost,
@@ -93,6 +95,7 @@ def figures(run: Run) -> dict[str, Any]:
             round(run.server_cpu_s / seconds, 2) if run.server_cpu_s and seconds > 0 else None
         ),
         "throughput_per_s": per_second(r.done_at),
+        "executions_finished_per_s": per_second(r.finished_at),
         "wrong_examples": r.wrong_examples,
         "notes": run.notes,
     }
@@ -122,16 +125,18 @@ def _verdict(measured: bool, met: bool, detail: str) -> dict[str, str]:
 def targets(fig: dict[str, Any]) -> dict[str, dict[str, str]]:
     """The issue's targets, judged on this run where its shape measures them."""
     server = fig.get("server") or {}
-    depth = server.get("depth_max") or 0
-    deep = max(depth, 0) >= TARGET_IN_FLIGHT
+    in_flight = fig["max_in_flight"]
+    depth = server.get("depth_max")
+    deep = in_flight >= TARGET_IN_FLIGHT
     api_mb = (server.get("api_rss_mb") or {}).get("max")
     p99 = fig["latency_ms"]["p99"]
-    light = fig["workload"] == "trivial" and fig["plan"]["in_flight"] <= LIGHT_LOAD
+    light = fig["workload"] == "trivial" and 0 < in_flight <= LIGHT_LOAD
     return {
         "50k in flight, 0 lost, 0 wrong": _verdict(
             deep,
             deep and fig["lost"] == 0 and fig["wrong"] == 0,
-            f"deepest queue seen {depth}, lost {fig['lost']}, wrong {fig['wrong']}",
+            f"{in_flight} in flight at most (server's deepest queue seen: {depth}), "
+            f"lost {fig['lost']}, wrong {fig['wrong']}",
         ),
         "API memory < 1 GiB at 50k deep": _verdict(
             deep and api_mb is not None,
@@ -141,7 +146,7 @@ def targets(fig: dict[str, Any]) -> dict[str, dict[str, str]]:
         "p99 trivial < 20 ms at <= 100 in flight": _verdict(
             light and p99 is not None,
             p99 is not None and p99 < TARGET_LIGHT_P99_MS,
-            f"p99 {p99} ms at {fig['plan']['in_flight']} in flight, workload {fig['workload']}",
+            f"p99 {p99} ms at {in_flight} in flight at most, workload {fig['workload']}",
         ),
     }
 
@@ -159,7 +164,10 @@ def table(figs: Sequence[dict[str, Any]]) -> str:
     rows: list[list[str]] = [
         ["target", *(f["target"] for f in figs)],
         ["workload", *(f["workload"] for f in figs)],
-        ["in flight (batch)", *(f"{f['plan']['in_flight']} ({f['plan']['batch']})" for f in figs)],
+        [
+            "in flight at most (batch)",
+            *(f"{f['max_in_flight']} ({f['plan']['batch']})" for f in figs),
+        ],
         ["answered / sent", *(f"{f['answered']} / {f['sent']}" for f in figs)],
         ["lost", *(str(f["lost"]) for f in figs)],
         ["wrong", *(str(f["wrong"]) for f in figs)],
@@ -186,26 +194,39 @@ def server_lines(fig: dict[str, Any]) -> list[str]:
     if not s or not s.get("samples"):
         return []
     rss, pss, procs = s["api_rss_mb"], s["zygotes_pss_mb"], s["processes"]
-    idle, entries = s["idle_processes"], s["work_root_entries"]
+    idle, entries = s["idle_processes"], s["scratch_entries"]
     return [
         f"- deepest queue seen (waiting + running): {s['depth_max']}",
         f"- API process RSS MiB: start {rss['start']}, end {rss['end']}, max {rss['max']}",
         f"- zygotes PSS MiB: start {pss['start']}, end {pss['end']}, max {pss['max']}",
         f"- processes in the service tree: idle before {idle.get('start')}, "
         f"idle after {idle.get('end')}, max {procs['max']}; zombies max {s['zombies_max']}",
-        f"- entries under the work root: before {entries.get('start')}, after {entries.get('end')}",
+        f"- entries under {', '.join(s['scratch_dirs']) or 'no scratch directory given'}: "
+        f"before {entries.get('start')}, after {entries.get('end')}",
     ]
+
+
+def comparable(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Latencies compare only between runs of the same count at the same concurrency."""
+    keys = ("count", "concurrency", "batch")
+    return all(a["plan"][k] == b["plan"][k] for k in keys) and a["workload"] == b["workload"]
+
+
+def comparison(a: dict[str, Any], b: dict[str, Any]) -> str:
+    r = ratios(a, b)
+    text = f"**{a['label']} / {b['label']}**: {_num(r['exec_per_s'], '{:.2f}')}× the exec/s"
+    if comparable(a, b):
+        text += (f"; latency p50 {_num(r['latency_p50'], '{:.2f}')}× and p99 "
+                 f"{_num(r['latency_p99'], '{:.2f}')}× lower")  # fmt: skip
+    else:
+        text += "; latencies not compared (the runs differ in count, concurrency or batch)"
+    return text + " (one run after the other, never overlapping)."
 
 
 def markdown(figs: Sequence[dict[str, Any]], title: str) -> str:
     out = [f"# {title}", "", table(figs), ""]
     if len(figs) == 2:
-        r = ratios(figs[0], figs[1])
-        out += [f"**{figs[0]['label']} / {figs[1]['label']}**: exec/s "
-                f"{_num(r['exec_per_s'], '{:.2f}')}×, latency p50 "
-                f"{_num(r['latency_p50'], '{:.2f}')}× lower, p99 "
-                f"{_num(r['latency_p99'], '{:.2f}')}× lower (one run; the two did not overlap).",
-                ""]  # fmt: skip
+        out += [comparison(figs[0], figs[1]), ""]
     for fig in figs:
         lines = server_lines(fig)
         if lines:

@@ -33,8 +33,8 @@ def test_small_run_with_naive_baseline_writes_the_report(
     service, naive = data["runs"]
     assert (service["answered"], service["lost"], service["wrong"]) == (300, 0, 0)
     assert sum(service["statuses"].values()) == 300
-    assert sum(service["throughput_per_s"]) == 300
-    assert service["server"]["pid"] == own_service.process.pid  # found from the port
+    assert sum(service["throughput_per_s"]) == sum(service["executions_finished_per_s"]) == 300
+    assert service["server"]["pids"] == [own_service.process.pid]  # found from the port
     assert service["server_samples"] and service["server_cpu_s"] > 0
     assert (
         service["latency_ms"]["p50"] <= service["latency_ms"]["p99"] <= service["latency_ms"]["max"]
@@ -76,5 +76,6 @@ def test_launch_starts_and_stops_its_own_service(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     run = json.loads((tmp_path / "report.json").read_text())["runs"][0]
     assert run["answered"] == 20 and run["server"]["idle_processes"] == {"start": 2, "end": 2}
-    assert run["server"]["work_root_entries"]["end"] is not None
+    entries = run["server"]["scratch_entries"]
+    assert entries["start"] is not None and entries["end"] == entries["start"]
     assert (tmp_path / "service.log").exists()

@@ -25,8 +25,10 @@ def test_small_run_counts_every_answer(own_service: ServiceProcess) -> None:
     recorder = _drive(HttpTarget(own_service.url), items, Plan(300, concurrency=64, batch=8))
     assert (recorder.sent, recorder.answered, recorder.lost, recorder.wrong) == (300, 300, 0, 0)
     assert sum(recorder.statuses.values()) == 300
+    assert (recorder.max_outstanding, recorder.outstanding) == (64, 0)
     assert recorder.statuses["ok"] > 200 and recorder.statuses["error"] > 0
     assert len(recorder.queue_wait) == len(recorder.run_time) == len(recorder.done_at) == 300
+    assert all(f <= d for f, d in zip(recorder.finished_at, recorder.done_at, strict=True))
     # End to end includes the service's own queue wait and run time.
     assert all(e >= r for e, r in zip(recorder.latency, recorder.run_time, strict=True))
 
@@ -83,6 +85,7 @@ def test_answers_still_out_at_the_hard_stop_are_lost(own_service: ServiceProcess
     # Two lanes sent one each before the duration ran out; the other two were never sent.
     assert (recorder.sent, recorder.lost, recorder.answered) == (2, 2, 0)
     assert recorder.lost_reasons == {UNANSWERED_AT_STOP: 2}
+    assert recorder.outstanding == 0
 
 
 def test_queue_full_is_retried_until_accepted(tight_service: ServiceProcess) -> None:

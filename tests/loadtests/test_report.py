@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from loadtests.report import distribution_ms, per_second, percentile, ratios, targets
+from loadtests.report import (
+    comparison,
+    distribution_ms,
+    per_second,
+    percentile,
+    ratios,
+    targets,
+)
 
 
 def test_nearest_rank_percentiles() -> None:
@@ -42,9 +49,25 @@ def test_ratios_are_better_above_one() -> None:
     }
 
 
+def test_latencies_are_compared_only_between_like_runs() -> None:
+    plan = {"count": 100, "concurrency": 10, "batch": 1}
+    a = {"label": "service", "workload": "trivial", "plan": plan, "exec_per_s": 300.0,
+         "latency_ms": {"p50": 5.0, "p90": 8.0, "p99": 10.0}}  # fmt: skip
+    b = {
+        **a,
+        "label": "naive",
+        "exec_per_s": 30.0,
+        "latency_ms": {"p50": 50.0, "p90": 80.0, "p99": 100.0},
+    }
+    assert "10.00× the exec/s; latency p50 10.00× and p99 10.00× lower" in comparison(a, b)
+    fewer = {**b, "plan": {**plan, "count": 10}}
+    assert "latencies not compared" in comparison(a, fewer)
+
+
 def _fig(**over: object) -> dict:
     fig = {
         "workload": "trivial",
+        "max_in_flight": 50_000,
         "lost": 0,
         "wrong": 0,
         "plan": {"in_flight": 50_000},
@@ -61,28 +84,28 @@ def _fig(**over: object) -> dict:
         (_fig(), "50k in flight, 0 lost, 0 wrong", "met"),
         (_fig(lost=1), "50k in flight, 0 lost, 0 wrong", "MISSED"),
         (
-            _fig(server={"depth_max": 49_999}),
+            _fig(max_in_flight=49_999),
             "50k in flight, 0 lost, 0 wrong",
             "not measured by this run",
         ),
         (_fig(), "API memory < 1 GiB at 50k deep", "met"),
         (
-            _fig(server={"depth_max": 60_000, "api_rss_mb": {"max": 1500.0}}),
+            _fig(server={"depth_max": 49_000, "api_rss_mb": {"max": 1500.0}}),
             "API memory < 1 GiB at 50k deep",
             "MISSED",
         ),
         (
-            _fig(plan={"in_flight": 64}, latency_ms={"p99": 12.0}),
+            _fig(max_in_flight=64, latency_ms={"p99": 12.0}),
             "p99 trivial < 20 ms at <= 100 in flight",
             "met",
         ),
         (
-            _fig(plan={"in_flight": 64}, latency_ms={"p99": 25.0}),
+            _fig(max_in_flight=64, latency_ms={"p99": 25.0}),
             "p99 trivial < 20 ms at <= 100 in flight",
             "MISSED",
         ),
         (
-            _fig(workload="mixed", plan={"in_flight": 64}),
+            _fig(workload="mixed", max_in_flight=64),
             "p99 trivial < 20 ms at <= 100 in flight",
             "not measured by this run",
         ),
