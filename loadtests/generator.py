@@ -8,8 +8,9 @@ runs unbounded: the whole run ends by ``duration_s + drain_s`` at the latest.
 
 Each answer is checked against its item's expectation; ``Recorder`` keeps the end-to-end
 latency, the service's queue wait and run time, the status, when the answer arrived, and
-when the execution itself finished (sent + queue wait + run time: in a batch of a thousand
-that can be long before the batch's answer).
+an estimate of when the execution itself finished (sent + queue wait + run time: in a batch
+of a thousand, long before the batch's answer; too early by however long the request took
+to reach the queue).
 """
 
 from __future__ import annotations

@@ -64,10 +64,10 @@ def throughput(path: str, runs: Sequence[Run], figs: Sequence[dict[str, Any]]) -
     fig, ax = plt.subplots(figsize=SIZE, dpi=DPI)
     for f in figs:
         answers, finished = f["throughput_per_s"], f["executions_finished_per_s"]
-        line = ax.plot(range(len(finished)), finished, label=f"{f['label']} executions/s")
-        if f["plan"]["batch"] > 1:  # whole batches arrive at once: the answers are spikier
-            ax.plot(range(len(answers)), answers, linestyle="--", color=line[0].get_color(),
-                    alpha=0.5, label=f"{f['label']} answers received/s")  # fmt: skip
+        line = ax.plot(range(len(answers)), answers, label=f"{f['label']} answers/s")
+        if f["plan"]["batch"] > 1:  # a batch's answers arrive at once; when did each finish?
+            ax.plot(range(len(finished)), finished, linestyle="--", color=line[0].get_color(),
+                    alpha=0.6, label=f"{f['label']} executions finished/s (estimated)")  # fmt: skip
     ax.set(xlabel="seconds since start", ylabel="per second", title="Throughput")
     samples = [s for s in figs[0].get("server_samples", []) if s["waiting"] is not None]
     if samples:

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from loadtests.generator import Run
+from loadtests.generator import Recorder, Run
 
 QUANTILES = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
 TARGET_IN_FLIGHT = 50_000
@@ -56,6 +56,13 @@ def per_second(done_at: Sequence[float]) -> list[int]:
     return [counts.get(i, 0) for i in range(int(max(done_at)) + 1)]
 
 
+def outside(r: Recorder) -> list[float]:
+    """Per answer, the time neither the queue nor the execution accounts for: connecting,
+    sending, parsing and admission, the answer's way back, the client's own scheduling."""
+    parts = zip(r.latency, r.queue_wait, r.run_time, strict=True)
+    return [max(0.0, end_to_end - queued - ran) for end_to_end, queued, ran in parts]
+
+
 def figures(run: Run) -> dict[str, Any]:
     """Every figure of one run, JSON-ready."""
     r = run.recorder
@@ -88,6 +95,7 @@ def figures(run: Run) -> dict[str, Any]:
         "latency_ms": distribution_ms(r.latency),
         "queue_wait_ms": distribution_ms(r.queue_wait),
         "run_time_ms": distribution_ms(r.run_time),
+        "outside_ms": distribution_ms(outside(r)),
         "client_cpu_s": round(run.client_cpu_s, 2),
         "client_cpu_cores": round(run.client_cpu_s / seconds, 2) if seconds > 0 else None,
         "server_cpu_s": None if run.server_cpu_s is None else round(run.server_cpu_s, 2),
@@ -180,6 +188,8 @@ def table(figs: Sequence[dict[str, Any]]) -> str:
          *(f"{_ms(f['queue_wait_ms']['p50'])} / {_ms(f['queue_wait_ms']['p99'])}" for f in figs)],
         ["run time p50 / p99 ms",
          *(f"{_ms(f['run_time_ms']['p50'])} / {_ms(f['run_time_ms']['p99'])}" for f in figs)],
+        ["outside queue and run p50 / p99 ms",
+         *(f"{_ms(f['outside_ms']['p50'])} / {_ms(f['outside_ms']['p99'])}" for f in figs)],
         ["client CPU (cores)", *(_num(f["client_cpu_cores"], "{:.2f}") for f in figs)],
         ["server CPU (cores)", *(_num(f["server_cpu_cores"], "{:.2f}") for f in figs)],
         ["statuses", *(", ".join(f"{k} {v}" for k, v in f["statuses"].items()) for f in figs)],
