@@ -21,6 +21,7 @@ from loadtests.generator import Run
 
 FLOOR_MS = 1e-3  # log axes: a zero queue wait is drawn at 1 µs
 SIZE = (10, 4)
+MAX_POINTS = 120  # a longer throughput series is drawn as means over windows
 DPI = 80
 
 
@@ -60,14 +61,28 @@ def latency(path: str, runs: Sequence[Run]) -> None:
     plt.close(fig)
 
 
+def smooth(series: Sequence[int], window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Means over consecutive windows of ``window`` seconds, placed at their middles."""
+    values = np.asarray(series, dtype=float)
+    whole = values.size // window * window
+    if window == 1 or whole == 0:
+        return np.arange(values.size), values
+    means = values[:whole].reshape(-1, window).mean(axis=1)
+    return np.arange(means.size) * window + window / 2, means
+
+
 def throughput(path: str, runs: Sequence[Run], figs: Sequence[dict[str, Any]]) -> None:
     fig, ax = plt.subplots(figsize=SIZE, dpi=DPI)
     for f in figs:
         answers, finished = f["throughput_per_s"], f["executions_finished_per_s"]
-        line = ax.plot(range(len(answers)), answers, label=f"{f['label']} answers/s")
+        window = max(1, len(answers) // MAX_POINTS)
+        note = f", {window} s mean" if window > 1 else ""
+        x, y = smooth(answers, window)
+        line = ax.plot(x, y, label=f"{f['label']} answers/s{note}")
         if f["plan"]["batch"] > 1:  # a batch's answers arrive at once; when did each finish?
-            ax.plot(range(len(finished)), finished, linestyle="--", color=line[0].get_color(),
-                    alpha=0.6, label=f"{f['label']} executions finished/s (estimated)")  # fmt: skip
+            x, y = smooth(finished, window)
+            ax.plot(x, y, linestyle="--", color=line[0].get_color(), alpha=0.6,
+                    label=f"{f['label']} executions finished/s (estimated){note}")  # fmt: skip
     ax.set(xlabel="seconds since start", ylabel="per second", title="Throughput")
     samples = [s for s in figs[0].get("server_samples", []) if s["waiting"] is not None]
     if samples:
@@ -92,7 +107,8 @@ def server(path: str, fig_data: dict[str, Any]) -> None:
     t = [s["t"] for s in samples]
     fig, ax = plt.subplots(figsize=SIZE, dpi=DPI)
     ax.plot(t, [s["api_rss_mb"] for s in samples], label="API process RSS")
-    ax.plot(t, [s["zygotes_pss_mb"] for s in samples], label="zygotes PSS")
+    ax.plot(t, [s["zygotes_rss_mb"] for s in samples], label="zygotes RSS")
+    ax.plot(t, [s["tree_pss_mb"] for s in samples], label="whole tree PSS", alpha=0.6)
     ax.set(xlabel="seconds since start", ylabel="MiB", title=f"Service ({fig_data['label']})")
     ax.set_ylim(bottom=0)
     procs = ax.twinx()

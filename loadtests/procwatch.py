@@ -2,8 +2,9 @@
 
 Given the PID of the API process (or found from the port it listens on), each sample reads
 ``/proc`` for the whole tree below it (API process, zygotes, running executions and whatever
-they spawned): the API process's resident memory, the zygotes' proportional share (PSS, so
-pages shared with their children count once), the number of processes and zombies, and the
+they spawned): the API process's resident memory, the zygotes' resident memory (what grows
+if a zygote leaks), the whole tree's proportional memory (PSS: pages shared between a zygote
+and its children count once; the footprint), the number of processes and zombies, and the
 CPU time of the tree including children already reaped. ``/v1/status`` gives queue depth and
 jobs running. Before and after the run it counts the entries under the directories it is
 given (the service's work root and TMPDIR), so leaked working directories and files show.
@@ -130,7 +131,8 @@ def count_all(paths: Sequence[str]) -> int | None:
 class Sample:
     t: float  # seconds since the watch began
     api_rss_mb: float
-    zygotes_pss_mb: float
+    zygotes_rss_mb: float
+    tree_pss_mb: float
     processes: int
     zombies: int
     cpu_s: float
@@ -178,7 +180,8 @@ class Watcher:
         s = Sample(
             t=round(now - self.started, 3),
             api_rss_mb=round(trees[0][0].rss_mb, 1),
-            zygotes_pss_mb=round(sum(pss_mb(p.pid) for p in zygotes), 1),
+            zygotes_rss_mb=round(sum(p.rss_mb for p in zygotes), 1),
+            tree_pss_mb=round(sum(pss_mb(p.pid) for p in procs), 1),
             processes=len(procs),
             zombies=sum(p.state == "Z" for p in procs),
             cpu_s=sum(p.cpu_ticks for p in procs) / CLK_TCK,
@@ -266,7 +269,8 @@ class Watcher:
             "samples": len(s),
             "interval_s": self.interval_s,
             "api_rss_mb": span("api_rss_mb"),
-            "zygotes_pss_mb": span("zygotes_pss_mb"),
+            "zygotes_rss_mb": span("zygotes_rss_mb"),
+            "tree_pss_mb": span("tree_pss_mb"),
             "processes": span("processes"),
             "zombies_max": max(x.zombies for x in s),
             "idle_processes": dict(self.idle_processes),

@@ -58,7 +58,8 @@ def per_second(done_at: Sequence[float]) -> list[int]:
 
 def outside(r: Recorder) -> list[float]:
     """Per answer, the time neither the queue nor the execution accounts for: connecting,
-    sending, parsing and admission, the answer's way back, the client's own scheduling."""
+    sending, parsing and admission, the answer's way back, the client's own scheduling; in a
+    batch, also waiting for the rest of the batch (its answer comes when the last is done)."""
     parts = zip(r.latency, r.queue_wait, r.run_time, strict=True)
     return [max(0.0, end_to_end - queued - ran) for end_to_end, queued, ran in parts]
 
@@ -199,18 +200,27 @@ def table(figs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+MEMORY = {
+    "api_rss_mb": "API process RSS MiB",
+    "zygotes_rss_mb": "zygotes RSS MiB",
+    "tree_pss_mb": "whole tree PSS MiB",
+}
+
+
 def server_lines(fig: dict[str, Any]) -> list[str]:
     s = fig.get("server")
     if not s or not s.get("samples"):
         return []
-    rss, pss, procs = s["api_rss_mb"], s["zygotes_pss_mb"], s["processes"]
     idle, entries = s["idle_processes"], s["scratch_entries"]
+    lines = [f"- deepest queue seen (waiting + running): {s['depth_max']}"]
+    for key, name in MEMORY.items():
+        span = s[key]
+        lines.append(f"- {name}: start {span['start']}, end {span['end']}, max {span['max']}")
     return [
-        f"- deepest queue seen (waiting + running): {s['depth_max']}",
-        f"- API process RSS MiB: start {rss['start']}, end {rss['end']}, max {rss['max']}",
-        f"- zygotes PSS MiB: start {pss['start']}, end {pss['end']}, max {pss['max']}",
+        *lines,
         f"- processes in the service tree: idle before {idle.get('start')}, "
-        f"idle after {idle.get('end')}, max {procs['max']}; zombies max {s['zombies_max']}",
+        f"idle after {idle.get('end')}, max {s['processes']['max']}; "
+        f"zombies max {s['zombies_max']}",
         f"- entries under {', '.join(s['scratch_dirs']) or 'no scratch directory given'}: "
         f"before {entries.get('start')}, after {entries.get('end')}",
     ]

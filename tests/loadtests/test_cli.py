@@ -49,6 +49,7 @@ def test_small_run_with_naive_baseline_writes_the_report(
     }
     summary = (out / "summary.md").read_text()
     assert "| exec/s |" in summary and "**service / naive**" in summary
+    assert "- zygotes RSS MiB: start" in summary and "idle before 3, idle after 3" in summary
 
 
 def test_wrong_answers_fail_the_run(own_service: ServiceProcess, tmp_path: Path) -> None:

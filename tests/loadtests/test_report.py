@@ -38,6 +38,15 @@ def test_per_second_counts_each_whole_second() -> None:
     assert per_second([]) == []
 
 
+def test_smoothing_for_long_throughput_series() -> None:
+    from loadtests.plots import smooth
+
+    x, y = smooth([1, 3, 5, 7, 9], 2)
+    assert x.tolist() == [1.0, 3.0] and y.tolist() == [2.0, 6.0]
+    x, y = smooth([4, 5], 1)
+    assert x.tolist() == [0, 1] and y.tolist() == [4.0, 5.0]
+
+
 def test_ratios_are_better_above_one() -> None:
     a = {"exec_per_s": 300.0, "latency_ms": {"p50": 5.0, "p90": 8.0, "p99": 10.0}}
     b = {"exec_per_s": 10.0, "latency_ms": {"p50": 50.0, "p90": 80.0, "p99": None}}
