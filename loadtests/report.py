@@ -57,11 +57,12 @@ def per_second(done_at: Sequence[float]) -> list[int]:
 
 
 def outside(r: Recorder) -> list[float]:
-    """Per answer, the time neither the queue nor the execution accounts for: connecting,
-    sending, parsing and admission, the answer's way back, the client's own scheduling; in a
-    batch, also waiting for the rest of the batch (its answer comes when the last is done)."""
-    parts = zip(r.latency, r.queue_wait, r.run_time, strict=True)
-    return [max(0.0, end_to_end - queued - ran) for end_to_end, queued, ran in parts]
+    """Per answer, the time from the request on the wire to its answer that neither the queue
+    nor the execution accounts for: sending, parsing and admission, the answer's way back, the
+    client's own scheduling; in a batch, also waiting for the rest of the batch (its answer
+    comes when the last is done)."""
+    parts = zip(r.latency, r.send_wait, r.queue_wait, r.run_time, strict=True)
+    return [max(0.0, e2e - before - queued - ran) for e2e, before, queued, ran in parts]
 
 
 def figures(run: Run) -> dict[str, Any]:
@@ -96,8 +97,10 @@ def figures(run: Run) -> dict[str, Any]:
         "latency_ms": distribution_ms(r.latency),
         "queue_wait_ms": distribution_ms(r.queue_wait),
         "run_time_ms": distribution_ms(r.run_time),
+        "send_wait_ms": distribution_ms(r.send_wait),
         "outside_ms": distribution_ms(outside(r)),
         "client_cpu_s": round(run.client_cpu_s, 2),
+        "client_gc": run.client_gc,
         "client_cpu_cores": round(run.client_cpu_s / seconds, 2) if seconds > 0 else None,
         "server_cpu_s": None if run.server_cpu_s is None else round(run.server_cpu_s, 2),
         "server_cpu_cores": (
@@ -189,9 +192,12 @@ def table(figs: Sequence[dict[str, Any]]) -> str:
          *(f"{_ms(f['queue_wait_ms']['p50'])} / {_ms(f['queue_wait_ms']['p99'])}" for f in figs)],
         ["run time p50 / p99 ms",
          *(f"{_ms(f['run_time_ms']['p50'])} / {_ms(f['run_time_ms']['p99'])}" for f in figs)],
-        ["outside queue and run p50 / p99 ms",
+        ["before the wire p50 / p99 ms",
+         *(f"{_ms(f['send_wait_ms']['p50'])} / {_ms(f['send_wait_ms']['p99'])}" for f in figs)],
+        ["rest (HTTP, batch) p50 / p99 ms",
          *(f"{_ms(f['outside_ms']['p50'])} / {_ms(f['outside_ms']['p99'])}" for f in figs)],
         ["client CPU (cores)", *(_num(f["client_cpu_cores"], "{:.2f}") for f in figs)],
+        ["client GC max pause ms", *(_num(f["client_gc"].get("max_ms")) for f in figs)],
         ["server CPU (cores)", *(_num(f["server_cpu_cores"], "{:.2f}") for f in figs)],
         ["statuses", *(", ".join(f"{k} {v}" for k, v in f["statuses"].items()) for f in figs)],
     ]  # fmt: skip

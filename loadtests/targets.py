@@ -1,7 +1,8 @@
 """Targets the load generator drives: a service over its native HTTP API, or the naive baseline.
 
-A target takes a batch of items and answers one result dict per item, in order, or raises
-``NoAnswer`` when it cannot get one (the items are then counted lost). A refusal with a status
+A target takes a batch of items and answers a ``Reply``: one result dict per item, in order,
+and when the request that got them went out on the wire; or it raises ``NoAnswer`` when it
+cannot get one (the items are then counted lost). A refusal with a status
 code (422, 413, 500) is an answer: each item gets the status ``http_<code>``, which no workload
 counts as correct. 429 and 503 are retried, honouring Retry-After, and so are connections
 refused before the request went out; nothing that may have reached the service is resent.
@@ -28,6 +29,7 @@ import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
@@ -48,13 +50,21 @@ class NoAnswer(Exception):
         self.reason = reason
 
 
+@dataclass
+class Reply:
+    results: list[dict[str, Any]]
+    # time.monotonic() when the answered request's headers were written: before it, the batch
+    # waited for a connection (or for one to be opened) and for 429/503 retries.
+    on_wire: float | None = None
+
+
 class Target(Protocol):
     label: str
     retries: Counter[str]
 
     async def open(self, lanes: int) -> None: ...
 
-    async def send(self, items: list[Item], lane: int, give_up_at: float) -> list[dict[str, Any]]:
+    async def send(self, items: list[Item], lane: int, give_up_at: float) -> Reply:
         """One result dict per item, in order; raises NoAnswer. ``give_up_at`` is a
         ``time.monotonic()`` past which no retry is started."""
         ...
@@ -98,17 +108,25 @@ class HttpTarget:
         await asyncio.gather(*(c.aclose() for c in self._clients))
         self._clients = []
 
-    async def send(self, items: list[Item], lane: int, give_up_at: float) -> list[dict[str, Any]]:
+    async def send(self, items: list[Item], lane: int, give_up_at: float) -> Reply:
         client = self._clients[(lane // CONNECTIONS_PER_CLIENT) % len(self._clients)]
         if len(items) == 1:
             path, body = "/v1/execute", orjson.dumps(items[0].request)
         else:
             path, body = "/v1/execute/batch", orjson.dumps({"requests": [i.request for i in items]})
+        on_wire: list[float] = []
+
+        async def trace(event: str, _: object) -> None:
+            if event == "http11.send_request_headers.started":
+                on_wire.append(time.monotonic())
+
         attempt = 0
         while True:
             retry_after = None
             try:
-                response = await client.post(path, content=body, headers=JSON)
+                response = await client.post(
+                    path, content=body, headers=JSON, extensions={"trace": trace}
+                )
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 cause = "connect"  # nothing was sent: safe to try again
                 last = repr(exc)
@@ -116,7 +134,7 @@ class HttpTarget:
                 raise NoAnswer(f"{type(exc).__name__}") from exc
             else:
                 if response.status_code not in RETRIED:
-                    return self._results(response, len(items))
+                    return Reply(self._results(response, len(items)), on_wire[-1])
                 cause = f"http_{response.status_code}"
                 last = response.text[:200]
                 retry_after = response.headers.get("retry-after")
@@ -222,8 +240,8 @@ class NaiveTarget:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
-    async def send(self, items: list[Item], lane: int, give_up_at: float) -> list[dict[str, Any]]:
+    async def send(self, items: list[Item], lane: int, give_up_at: float) -> Reply:
         loop = asyncio.get_running_loop()
         now = time.time()
         calls = [loop.run_in_executor(self._pool, spawn, item.request, now) for item in items]
-        return list(await asyncio.gather(*calls))
+        return Reply(list(await asyncio.gather(*calls)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import httpx
 import pytest
@@ -26,6 +27,7 @@ def test_small_run_counts_every_answer(own_service: ServiceProcess) -> None:
     assert (recorder.sent, recorder.answered, recorder.lost, recorder.wrong) == (300, 300, 0, 0)
     assert sum(recorder.statuses.values()) == 300
     assert (recorder.max_outstanding, recorder.outstanding) == (64, 0)
+    assert len(recorder.send_wait) == 300 and all(w >= 0 for w in recorder.send_wait)
     assert recorder.statuses["ok"] > 200 and recorder.statuses["error"] > 0
     assert len(recorder.queue_wait) == len(recorder.run_time) == len(recorder.done_at) == 300
     assert all(f <= d for f, d in zip(recorder.finished_at, recorder.done_at, strict=True))
@@ -94,6 +96,8 @@ def test_queue_full_is_retried_until_accepted(tight_service: ServiceProcess) -> 
     recorder = _drive(target, items, Plan(24, concurrency=12, batch=1, duration_s=60))
     assert (recorder.answered, recorder.lost, recorder.wrong) == (24, 0, 0)
     assert target.retries["http_429"] > 0
+    # Retry-After is 1 s: what waited for it waited before its request went out.
+    assert max(recorder.send_wait) >= 0.9
 
 
 def test_protocol_mismatch_is_lost() -> None:
@@ -125,6 +129,7 @@ def test_measure_samples_the_server(own_service: ServiceProcess) -> None:
     assert run.recorder.answered == 200 and run.seconds > 0
     assert run.server_cpu_s is not None and run.server_cpu_s > 0
     assert run.client_cpu_s > 0
+    assert gc.isenabled() and run.client_gc["collections"] >= 0
     summary = watcher.summary()
     assert summary["samples"] >= 2 and summary["api_rss_mb"]["max"] > 10
     # API process + one zygote per slot, idle before and after.
