@@ -1,5 +1,6 @@
-"""A service of the load tests' own: its own uids and work root, so the adversarial workload's
-fork bombs count against no other service's process limit on a shared host."""
+"""A service of the load tests' own, with its own work root; ``launch`` gives it slot uids no
+other service on the machine uses, so the adversarial workload's fork bombs count against no
+one else's process limit."""
 
 from __future__ import annotations
 
@@ -9,9 +10,6 @@ import pytest
 
 from sandbox_service.launch import ServiceProcess, start
 
-# Slot uids are per host: RLIMIT_NPROC counts every process of a uid, whichever service runs it.
-UID_BASE = 64000
-
 
 @pytest.fixture(scope="session")
 def own_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
@@ -19,7 +17,6 @@ def own_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicePro
     svc = start(
         str(base / "service.log"),
         slots=2,
-        uid_base=UID_BASE,
         work_root=str(base / "work"),
         max_timeout_s=30,
     )

@@ -72,7 +72,7 @@ def test_naive_baseline_refuses_the_adversarial_workload(tmp_path: Path) -> None
 
 def test_launch_starts_and_stops_its_own_service(tmp_path: Path) -> None:
     done = cli("--launch", "--slots", "1", "--set", "preload=math", "--set", "warmup=",
-               "--set", "uid_base=64100", "--count", "20", "--warmup", "0", "--quiet",
+               "--count", "20", "--warmup", "0", "--quiet",
                "--no-plots", "--out", str(tmp_path))  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     run = json.loads((tmp_path / "report.json").read_text())["runs"][0]
