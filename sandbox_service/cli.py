@@ -217,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fn(args, settings)
     except KeyboardInterrupt:
         return 130
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:  # start-up refusals: isolation, preloads, slots
         print(f"sandbox-service: {exc}", file=sys.stderr)
         return 1
 
