@@ -77,8 +77,8 @@ class EmbeddedRuntime:
     async def start(self) -> None:
         await self.pool.start()
         await self.queue.start()
-        self.metrics.watch(self.metrics.queue_depth, lambda: len(self.queue._waiting))
-        self.metrics.watch(self.metrics.in_flight, lambda: self.queue._running)
+        self.metrics.watch(self.metrics.queue_depth, lambda: self.queue.counts()[0])
+        self.metrics.watch(self.metrics.in_flight, lambda: self.queue.counts()[1])
         self.worker.start()
 
     def begin_shutdown(self) -> None:

@@ -96,8 +96,12 @@ class LocalQueue(Queue):
     def begin_shutdown(self) -> None:
         self._closing = True
 
-    async def depth(self) -> tuple[int, int]:
+    def counts(self) -> tuple[int, int]:
+        """(waiting, running), without awaiting: for gauges read outside the event loop's turn."""
         return len(self._waiting), self._running
+
+    async def depth(self) -> tuple[int, int]:
+        return self.counts()
 
     async def ready(self) -> tuple[bool, str]:
         if self._closing:
