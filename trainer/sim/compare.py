@@ -5,9 +5,10 @@
 prints one line per policy and then ``speedup: X.XX``, the step time of static + synchronous
 tools over that of load-balanced + asynchronous tools:
 
-- ``static+sync``: rollout i on engine i mod E; in rounds, every unfinished rollout generates
-  a turn, then all calls of the round go to the service in one batch
-  (:func:`trainer.scheduler.run_in_rounds`, what ``rollout.scheduler: rounds`` runs).
+- ``static+sync``: N rollouts per engine (contiguous shards, so a prompt's group shares an
+  engine); in rounds, every unfinished rollout generates a turn, then all calls of the round
+  go to the service in one batch (:func:`trainer.scheduler.run_in_rounds`, what
+  ``rollout.scheduler: rounds`` runs).
 - ``static+async``: the same engines per rollout; each rollout's calls leave when its turn
   ends, batched by the dispatcher's window, and its next turn follows its results
   (:func:`trainer.scheduler.run_async` with ``assignment="static"``).
@@ -16,7 +17,10 @@ tools over that of load-balanced + asynchronous tools:
 Per policy: the step time (until the last rollout ends), engine idle (the share of engine
 time with nothing running), KV preemptions (a running request evicted because the cache
 overflowed, then recomputed), and tool wait (per call, from the end of the turn that made it to
-its result: the rest of the round, the window, the service).
+its result: the rest of the round, the window, the service), and prefix reuse (the share of
+context admitted to an engine that its prefix cache already held). Other flags change the
+engines (``--kv-blocks``), the workload and the scheduler's settings; ``docs/benchmarks.md``
+has figures for several.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class Setup:
     service_slots: int = 512
     tool_batch_size: int = 64
     tool_batch_timeout_s: float = 0.01
+    latency_max_s: float | None = None  # leave out measured calls slower than this
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
 
 
@@ -114,8 +119,13 @@ async def _step(policy: str, setup: Setup, courses: Sequence[Plan]) -> Outcome:
 
 
 def compare(setup: Setup, seed: int) -> list[Outcome]:
-    courses = plans(setup.workload, measured_latencies(), seed)
+    courses = plans(setup.workload, latencies(setup), seed)
     return [simulate(policy, setup, courses) for policy in POLICIES]
+
+
+def latencies(setup: Setup) -> list[float]:
+    cap = setup.latency_max_s
+    return [s for s in measured_latencies() if cap is None or s <= cap]
 
 
 def speedup(outcomes: Sequence[Outcome]) -> float:
@@ -145,6 +155,11 @@ def parse_setup(argv: Sequence[str] | None = None) -> tuple[Setup, int]:
         "--chunk-tokens", type=int, default=SchedulerSettings.chunk_tokens, help="0: whole turns"
     )
     parser.add_argument("--locality-wait-s", type=float, default=SchedulerSettings.locality_wait_s)
+    parser.add_argument(
+        "--latency-max-s",
+        type=float,
+        help="leave out measured tool calls slower than this (5: without the hung ones)",
+    )
     parser.add_argument("--kv-blocks", type=int, default=EngineModel.kv_blocks)
     parser.add_argument("--slots", type=int, default=Setup.service_slots, help="service slots")
     parser.add_argument("--tool-batch-size", type=int, default=Setup.tool_batch_size)
@@ -165,6 +180,7 @@ def parse_setup(argv: Sequence[str] | None = None) -> tuple[Setup, int]:
         service_slots=args.slots,
         tool_batch_size=args.tool_batch_size,
         tool_batch_timeout_s=args.tool_batch_timeout_s,
+        latency_max_s=args.latency_max_s,
         scheduler=SchedulerSettings(
             chunk_tokens=args.chunk_tokens or None, locality_wait_s=args.locality_wait_s
         ),
@@ -174,7 +190,7 @@ def parse_setup(argv: Sequence[str] | None = None) -> tuple[Setup, int]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     setup, seed = parse_setup(argv)
-    courses = plans(setup.workload, measured_latencies(), seed)
+    courses = plans(setup.workload, latencies(setup), seed)
     outcomes = []
     for policy in POLICIES:
         outcomes.append(simulate(policy, setup, courses))
