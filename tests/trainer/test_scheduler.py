@@ -28,10 +28,10 @@ from trainer.backends.base import (
 from trainer.backends.hf import HFBackend
 from trainer.backends.scripted import ScriptedBackend
 from trainer.chat import EOS, IM_START, decode, prompt_text
-from trainer.config import TinyModelConfig
+from trainer.config import TinyModelConfig, load_config
 from trainer.reward import reward
 from trainer.rollout import Rollout, RolloutSettings, generate_rollouts
-from trainer.sandbox import SandboxRunner
+from trainer.sandbox import SandboxRunner, SubprocessRunner
 from trainer.scheduler import (
     EngineLoad,
     KvCapacity,
@@ -43,9 +43,10 @@ from trainer.scheduler import (
     static_engine,
 )
 from trainer.sim import clock
+from trainer.step import rollout_settings, scheduler_settings
 from trainer.tiny import build_model
 from trainer.tools import format_tool_call, user_prompt
-from trainer.toy import toy_problems
+from trainer.toy import scripted_solver, toy_problems
 
 PARAMS = SamplingParams()
 BALANCED = SchedulerSettings("balanced", chunk_tokens=None, locality_wait_s=1.0)
@@ -249,6 +250,24 @@ def test_a_request_no_engine_can_hold_is_refused() -> None:
         clock.run(scheduler.generate(0, request(0, 10, 200)))
 
 
+def test_a_cancelled_wait_leaves_the_queue_and_the_ledger_clean() -> None:
+    plan = {0: 100, 1: 1, 2: 1}
+    engine = FakeEngine(100, plan)
+    scheduler = RolloutScheduler([engine], PARAMS, BALANCED)
+
+    async def main() -> None:
+        holder = asyncio.ensure_future(scheduler.generate(0, request(0, 10, 80)))
+        await asyncio.sleep(0)
+        waiting = asyncio.ensure_future(scheduler.generate(1, request(1, 10, 50)))
+        await asyncio.sleep(0.1)
+        waiting.cancel()  # its rollout gave up before room freed
+        await asyncio.gather(holder, scheduler.generate(2, request(2, 10, 50)))
+
+    clock.run(main())
+    assert engine.tags() == [0, 2]
+    assert scheduler.loads[0].reserved_blocks == 0 and not scheduler._waiting
+
+
 def test_turns_are_generated_in_chunks_on_one_engine() -> None:
     plan = {0: 10}
     engines = [FakeEngine(1000, plan), FakeEngine(1000, plan)]
@@ -306,6 +325,42 @@ def test_rounds_put_each_rollout_on_its_static_engine(
     asyncio.run(run_in_rounds([Agent() for _ in range(5)], engines, runner, PARAMS))
     assert [e.calls for e in engines] == [[3, 3], [2, 2]]  # agents 0-2 and 3-4, two rounds
     assert runner.batches == [5]
+
+
+def test_asynchronous_rollouts_are_the_rounds_rollouts_for_a_deterministic_policy(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """Only when turns run changes, not what they write: a scripted policy gives the same
+    transcripts in rounds and under either asynchronous scheduler (two engines, which are
+    not continuously batching, so turns are gathered into ``generate`` calls)."""
+    problems = [p.problem for p in toy_problems(6, seed=2)]
+    prompts = [
+        tokenizer.encode(prompt_text(user_prompt(p)), add_special_tokens=False) for p in problems
+    ]
+    transcripts = {}
+    for name, scheduling in (
+        ("rounds", None),
+        ("static", SchedulerSettings("static")),
+        ("balanced", SchedulerSettings("balanced")),
+    ):
+        settings = RolloutSettings(max_turns=4, max_response_tokens=400, scheduling=scheduling)
+        engines = [ScriptedBackend(tokenizer, scripted_solver) for _ in range(2)]
+        rollouts = asyncio.run(
+            generate_rollouts(prompts, engines, tokenizer, SubprocessRunner(), settings)
+        )
+        transcripts[name] = [(r.response_ids, r.loss_mask, r.finish) for r in rollouts]
+        assert sum(sum(e.calls) for e in engines) == 12  # two turns of each of six rollouts
+    assert transcripts["static"] == transcripts["rounds"] == transcripts["balanced"]
+    assert all(finish == "eos" for _, _, finish in transcripts["rounds"])
+
+
+def test_the_config_chooses_the_scheduler() -> None:
+    assert scheduler_settings(load_config(None)) is None  # rounds by default
+    config = load_config(None, {"rollout.scheduler": "balanced", "rollout.chunk_tokens": 512})
+    assert scheduler_settings(config) == SchedulerSettings("balanced", 512, 2.0)
+    assert rollout_settings(config, 4, 100).scheduling == SchedulerSettings("balanced", 512, 2.0)
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        load_config(None, {"rollout.chunk_tokens": 0})
 
 
 # ------------------------------------------------------------------------ the tool-call window
