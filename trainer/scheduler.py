@@ -7,11 +7,14 @@ tail and overflows KV caches (the engine preempts and recomputes); *synchronous 
 every rollout wait for the slowest turn of a round and then for the slowest call of a batch.
 
 - :class:`RolloutScheduler` assigns each turn of a rollout to an engine. ``balanced`` (ours):
-  a turn is assigned only where its maximum length fits in the KV cache the engine has left
-  (the engine's reported free blocks, less what the scheduler has already promised there), so
-  no engine is asked for more than it holds; a rollout's next turn goes back to the engine
-  holding its prefix unless that engine has no room for it; turns that fit nowhere wait, in
-  the order their rollouts arrived (so none can starve), and are assigned as capacity frees.
+  a request goes only where its context plus all it may still generate fits in the KV cache
+  the engine has left (its reported free blocks, less what the scheduler has promised there
+  already), so no engine is asked for more than it holds. Turns are generated in chunks, so
+  what is promised is a chunk, not the rollout's whole remaining budget. A rollout's next
+  request goes back to the engine holding its prefix; when that engine is full it waits for
+  it up to ``locality_wait_s`` before moving, and it moves at once to an engine with nothing
+  running. Requests that fit nowhere wait, oldest rollout first (an engine a waiting request
+  wants is closed to younger ones, so none starves), and are placed as capacity frees.
   ``static``: N rollouts per engine, fixed for the whole step (the batch dealt out in
   contiguous shards, :func:`static_engine`), and each engine sorts out the rest itself.
 - :class:`ToolDispatcher` sends a turn's tool calls as soon as the turn ends, gathered by a
@@ -71,7 +74,17 @@ class KvCapacity:
 
 @runtime_checkable
 class ReportsKvCapacity(Protocol):
-    """The capacity interface: an engine that can say how much KV cache it has free now."""
+    """The capacity interface: an engine that can say how much KV cache it has free now.
+
+    ``kv_capacity()`` is called at placement decisions, so it must be cheap and must not block
+    (vLLM: the block pool's free count, ``cache_config.block_size``, ``num_gpu_blocks``,
+    ``scheduler_config.max_num_seqs``). The free blocks an engine reports while none of the
+    scheduler's requests run on it are the scheduler's budget there until it is idle again,
+    and it never promises more; so while it has requests on an engine, nothing else should
+    take blocks from it. Such an engine batches continuously (``continuous_batching = True``)
+    and should cache prefixes (vLLM's ``enable_prefix_caching``): a rollout's next turn and a
+    turn's next chunk come back to it with the same prefix.
+    """
 
     def kv_capacity(self) -> KvCapacity: ...
 
@@ -215,7 +228,7 @@ class SchedulerStats:
     requests: int = 0  # turns, or chunks of turns
     continued: int = 0  # chunks that continued a turn
     affinity_kept: int = 0  # requests that went back to the engine holding their prefix
-    moved: int = 0  # requests that went elsewhere, their home being full
+    moved: int = 0  # requests that left their home: full past the wait, or an engine was idle
     waits: int = 0  # requests that could not be placed at once
     wait_s: float = 0.0  # their total time waiting for an engine
     per_engine: list[int] = field(default_factory=list)
