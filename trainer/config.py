@@ -64,6 +64,12 @@ class RolloutConfig:
     top_p: float = 1.0
     max_batch: int = 1024  # sequences per generation call of the backend
     require_answer_tag: bool = False  # reward only a box inside <answer> (the release: anywhere)
+    # rounds: every rollout a turn, then all tool calls in one batch (reproducible on CPU);
+    # static / balanced: each rollout at its own pace, tool calls sent as its turn ends, turns
+    # on a fixed engine (static) or placed by free KV cache with prefix affinity (balanced).
+    scheduler: Literal["rounds", "static", "balanced"] = "rounds"
+    chunk_tokens: int | None = 1024  # balanced: new tokens per request (trainer/scheduler.py)
+    locality_wait_s: float = 2.0  # balanced: wait for the engine holding the prefix, then move
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,10 @@ class ToolConfig:
     mode: Literal["script", "repl"] = "repl"  # repl: a final expression's repr is printed (release)
     max_response_chars: int = 2048  # a tool response longer than this is cut
     truncate_side: TruncateSide = "middle"
+    # Asynchronous schedulers: a batch request to the service leaves when it holds batch_size
+    # calls or batch_timeout_s after its oldest call arrived.
+    batch_size: int = 64
+    batch_timeout_s: float = 0.01
 
 
 @dataclass(frozen=True)
@@ -170,6 +180,10 @@ class TrainConfig:
             raise ValueError("rollout.group_size: at least 2 (advantages compare within a group)")
         if self.rollout.oversample < 1:
             raise ValueError("rollout.oversample: at least 1")
+        if self.rollout.chunk_tokens is not None and self.rollout.chunk_tokens < 1:
+            raise ValueError("rollout.chunk_tokens: at least 1, or null for whole turns")
+        if self.tool.batch_size < 1 or self.tool.batch_timeout_s < 0:
+            raise ValueError("tool.batch_size: at least 1; tool.batch_timeout_s: not negative")
 
     @property
     def total_steps(self) -> int:

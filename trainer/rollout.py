@@ -1,11 +1,16 @@
-"""The agent loop: multi-turn rollouts on token ids, with every tool call of a turn batched.
+"""The agent loop: multi-turn rollouts on token ids, with tool calls executed in batches.
 
-Each round, every unfinished rollout generates until ``</tool_call>`` (kept) or end of
-sequence. Then all the calls written in that round, across the whole batch, go to the tool
-runner in one ``run`` call while finished rollouts wait; each response is formatted, tokenised
-on its own and appended. Nothing already in a transcript is ever re-tokenised: the policy is
-trained on exactly the ids it produced and the ids it was shown. Model tokens get loss mask 1,
-tool-turn tokens 0.
+A turn generates until ``</tool_call>`` (kept) or end of sequence; the calls it wrote are
+executed and each response is formatted, tokenised on its own and appended. Nothing already
+in a transcript is ever re-tokenised: the policy is trained on exactly the ids it produced and
+the ids it was shown. Model tokens get loss mask 1, tool-turn tokens 0.
+
+Where and when turns run is ``trainer/scheduler.py``'s business: in rounds (every unfinished
+rollout generates a turn, then all calls of the round go to the runner in one batch while
+finished rollouts wait), or, with ``settings.scheduling``, each rollout at its own pace: its
+calls are sent the moment its turn ends (gathered with others' by a short window), and its
+next turn goes to an engine chosen by free KV cache (``balanced``) or always the same one
+(``static``). This module only says what a turn does to a transcript.
 
 A rollout ends at end of sequence (its answer is final), or is *truncated* (reward 0) when it
 runs out of tokens (``max_response_tokens`` counts model and tool tokens after the prompt) or
@@ -18,9 +23,9 @@ and the ``<answer>`` tags of the model's own text.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal
 
 from transformers import PreTrainedTokenizerBase
 
@@ -28,6 +33,14 @@ from sandbox_service.models import ExecuteRequest, ExecuteResult, Mode
 from trainer.backends.base import Generation, GenerationBackend, GenerationRequest, SamplingParams
 from trainer.chat import decode, tool_turn_text
 from trainer.roc import RocSample
+from trainer.scheduler import (
+    RolloutScheduler,
+    SchedulerSettings,
+    ToolDispatcher,
+    ToolRunner,
+    run_async,
+    run_in_rounds,
+)
 from trainer.tools import (
     CALL_CLOSE,
     ParsedCall,
@@ -44,12 +57,6 @@ from trainer.tools import (
 Finish = Literal["running", "eos", "length", "max_turns"]
 
 
-class ToolRunner(Protocol):
-    """Executes a batch of programs; results in request order. The sandbox client is one."""
-
-    async def run(self, calls: list[ExecuteRequest]) -> list[ExecuteResult]: ...
-
-
 @dataclass(frozen=True)
 class RolloutSettings:
     max_turns: int
@@ -61,6 +68,9 @@ class RolloutSettings:
     tool_mode: Mode = Mode.repl
     max_tool_response_chars: int = 2048
     truncate_side: TruncateSide = "middle"
+    scheduling: SchedulerSettings | None = None  # None: in rounds
+    tool_batch_size: int = 64  # asynchronous tools: a batch request leaves at this many calls
+    tool_batch_timeout_s: float = 0.01  # ... or this long after its oldest call arrived
 
 
 @dataclass
@@ -104,32 +114,59 @@ class Rollout:
 
 async def generate_rollouts(
     prompts: Sequence[Sequence[int]],
-    backend: GenerationBackend,
+    backend: GenerationBackend | Sequence[GenerationBackend],
     tokenizer: PreTrainedTokenizerBase,
     runner: ToolRunner,
     settings: RolloutSettings,
 ) -> list[Rollout]:
-    """Run every prompt to the end; one rollout per prompt, in order."""
+    """Run every prompt to the end; one rollout per prompt, in order. ``backend``: one engine
+    or several (rollouts are spread over them as ``settings.scheduler`` says)."""
     rollouts = [Rollout(prompt_ids=list(p)) for p in prompts]
+    agents = [_Transcript(r, tokenizer, settings) for r in rollouts]
+    engines = [backend] if isinstance(backend, GenerationBackend) else list(backend)
     params = SamplingParams(settings.temperature, settings.top_p, stop=(CALL_CLOSE,))
-    active = list(range(len(rollouts)))
-    while active:
-        requests = [
-            GenerationRequest(
-                prompt_ids=rollouts[i].prompt_ids + rollouts[i].response_ids,
-                max_new_tokens=settings.max_response_tokens - len(rollouts[i].response_ids),
-            )
-            for i in active
-        ]
-        generations = await backend.generate(requests, params)
-        pending: dict[int, list[ParsedCall]] = {}
-        for i, generation in zip(active, generations, strict=True):
-            calls = _take_turn(rollouts[i], generation, tokenizer, settings)
-            if calls is not None:
-                pending[i] = calls
-        await _answer_calls(rollouts, pending, tokenizer, runner, settings)
-        active = [i for i in pending if rollouts[i].finish == "running"]
+    if settings.scheduling is None:
+        await run_in_rounds(agents, engines, runner, params)
+    else:
+        await run_async(
+            agents,
+            RolloutScheduler(engines, params, settings.scheduling),
+            ToolDispatcher(runner, settings.tool_batch_size, settings.tool_batch_timeout_s),
+        )
     return rollouts
+
+
+class _Transcript:
+    """A rollout as the scheduler drives it (``trainer.scheduler.Agent``)."""
+
+    def __init__(
+        self, rollout: Rollout, tokenizer: PreTrainedTokenizerBase, settings: RolloutSettings
+    ) -> None:
+        self.rollout, self.tokenizer, self.settings = rollout, tokenizer, settings
+        self.calls: list[ParsedCall] = []  # the calls of the turn awaiting its results
+
+    def next_request(self) -> GenerationRequest:
+        r = self.rollout
+        return GenerationRequest(
+            prompt_ids=r.prompt_ids + r.response_ids,
+            max_new_tokens=self.settings.max_response_tokens - len(r.response_ids),
+        )
+
+    def take_generation(self, generation: Generation) -> list[ExecuteRequest] | None:
+        calls = _take_turn(self.rollout, generation, self.tokenizer, self.settings)
+        if calls is None:
+            return None
+        self.calls = calls
+        s = self.settings
+        return [
+            call.request(s.tool_timeout_s, s.tool_memory_mb, s.tool_mode)
+            for call in calls
+            if isinstance(call, ToolCall)
+        ]
+
+    def take_results(self, results: list[ExecuteResult]) -> bool:
+        _append_tool_turn(self.rollout, self.calls, results, self.tokenizer, self.settings)
+        return self.rollout.finish == "running"
 
 
 def _take_turn(
@@ -163,38 +200,28 @@ def _take_turn(
     ]
 
 
-async def _answer_calls(
-    rollouts: list[Rollout],
-    pending: dict[int, list[ParsedCall]],
+def _append_tool_turn(
+    rollout: Rollout,
+    calls: list[ParsedCall],
+    results: Iterable[ExecuteResult],
     tokenizer: PreTrainedTokenizerBase,
-    runner: ToolRunner,
     settings: RolloutSettings,
 ) -> None:
-    """Execute every well-formed call of the round in one batch, then append each rollout's
-    tool turn (or end it, if the turn does not fit in its token budget)."""
-    batch = [
-        call.request(settings.tool_timeout_s, settings.tool_memory_mb, settings.tool_mode)
-        for calls in pending.values()
-        for call in calls
-        if isinstance(call, ToolCall)
-    ]
-    results = iter(await runner.run(batch) if batch else [])
-    for i, calls in pending.items():
-        rollout, texts = rollouts[i], []
-        for call in calls:
-            if isinstance(call, ToolCallError):
-                texts.append(call.message)
-                rollout.tool_errors += 1
-            else:
-                result = next(results)
-                texts.append(render_result(result))
-                rollout.tool_errors += is_tool_error(result)
-            rollout.tool_calls += 1
-        texts = [
-            truncate(t, settings.max_tool_response_chars, settings.truncate_side) for t in texts
-        ]
-        ids = tokenizer.encode(tool_turn_text(texts), add_special_tokens=False)
-        if len(rollout.response_ids) + len(ids) >= settings.max_response_tokens:
-            rollout.finish = "length"  # no room left to read the response and answer
-            continue
-        rollout.add_tokens(ids, None)
+    """Append the tool turn answering ``calls`` (``results``: those of its well-formed calls,
+    in order), or end the rollout if the turn does not fit in its token budget."""
+    executed, texts = iter(results), []
+    for call in calls:
+        if isinstance(call, ToolCallError):
+            texts.append(call.message)
+            rollout.tool_errors += 1
+        else:
+            result = next(executed)
+            texts.append(render_result(result))
+            rollout.tool_errors += is_tool_error(result)
+        rollout.tool_calls += 1
+    texts = [truncate(t, settings.max_tool_response_chars, settings.truncate_side) for t in texts]
+    ids = tokenizer.encode(tool_turn_text(texts), add_special_tokens=False)
+    if len(rollout.response_ids) + len(ids) >= settings.max_response_tokens:
+        rollout.finish = "length"  # no room left to read the response and answer
+        return
+    rollout.add_tokens(ids, None)

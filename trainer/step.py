@@ -24,6 +24,7 @@ from trainer.problems import Problem
 from trainer.reward import reward
 from trainer.roc import RocSettings, resample_on_correct
 from trainer.rollout import Rollout, RolloutSettings, ToolRunner, generate_rollouts
+from trainer.scheduler import SchedulerSettings
 from trainer.tools import user_prompt
 from trainer.update import Sample, UpdateSettings, grpo_update
 
@@ -85,7 +86,18 @@ def rollout_settings(
         tool_mode=Mode(config.tool.mode),
         max_tool_response_chars=config.tool.max_response_chars,
         truncate_side=config.tool.truncate_side,
+        scheduling=scheduler_settings(config),
+        tool_batch_size=config.tool.batch_size,
+        tool_batch_timeout_s=config.tool.batch_timeout_s,
     )
+
+
+def scheduler_settings(config: TrainConfig) -> SchedulerSettings | None:
+    """None for rounds; the asynchronous scheduler's settings otherwise."""
+    rollout = config.rollout
+    if rollout.scheduler == "rounds":
+        return None
+    return SchedulerSettings(rollout.scheduler, rollout.chunk_tokens, rollout.locality_wait_s)
 
 
 def roc_settings(config: TrainConfig) -> RocSettings:

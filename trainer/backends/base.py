@@ -5,7 +5,8 @@ policy is trained on is exactly what it generated. Stop strings end a generation
 string kept (``</tool_call>``, so the call is complete in the transcript); so does the
 end-of-sequence token. The interface is async because a serving engine (vLLM) generates for
 many requests while the caller waits on others; ``update_weights`` is where such an engine
-receives the policy after each optimizer step.
+receives the policy after each optimizer step. An engine with a KV cache can also report its
+free capacity to the rollout scheduler (``trainer.scheduler.ReportsKvCapacity``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ class Generation:
 
 
 class GenerationBackend(ABC):
+    # True when ``generate`` may be called again before earlier calls return and the engine
+    # batches what is running itself (continuous batching: vLLM); the rollout scheduler then
+    # sends each turn as it comes. False: each call is one batch (transformers), and the
+    # scheduler gathers the turns that are ready into the next call.
+    continuous_batching: bool = False
+
     @abstractmethod
     async def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams

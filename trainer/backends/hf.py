@@ -11,6 +11,7 @@ otherwise apply top-50, and RL samples the policy's full distribution at tempera
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator, Sequence
 
@@ -102,6 +103,13 @@ class HFBackend(GenerationBackend):
         self._stop_criteria: dict[tuple[str, ...], _StopStrings] = {}
 
     async def generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[Generation]:
+        # In a worker thread, so the event loop (tool calls of other rollouts) runs meanwhile.
+        # One call at a time per model: generation switches the module to eval mode.
+        return await asyncio.to_thread(self._generate_all, requests, params)
+
+    def _generate_all(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
     ) -> list[Generation]:
         out: list[Generation] = []
