@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 
@@ -25,6 +26,19 @@ def wait_until_admitted(url: str, jobs: int, timeout_s: float = 20) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"{jobs} jobs were never admitted")
+
+
+def processes_of(uids: set[int | None]) -> list[int]:
+    """Pids of every process whose owner is one of ``uids`` (a slot's leftovers)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid in uids:
+                    found.append(int(entry))
+            except FileNotFoundError:
+                continue
+    return found
 
 
 @contextlib.contextmanager

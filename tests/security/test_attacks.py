@@ -16,6 +16,7 @@ import pytest
 
 from sandbox_service.client import Retry, SandboxClient
 from sandbox_service.launch import ServiceProcess, start
+from tests.conftest import processes_of
 from tests.security.attacks import ALL, Attack, Target
 
 
@@ -70,7 +71,7 @@ def test_nothing_left_behind(service: ServiceProcess, client: SandboxClient,
     assert all(s.restarts == 0 for s in status.slots), "an attack made a zygote die"
     time.sleep(0.3)
     uids = {s.uid for s in status.slots if s.uid is not None}
-    assert _processes_of(uids) == [], "a process of a slot's uid survived"
+    assert processes_of(uids) == [], "a process of a slot's uid survived"
     for slot in status.slots:
         assert _children(slot.pid or 0) == [], f"zygote {slot.pid} has children (zombies?)"
     leftovers = [os.path.join(d, n) for d, _, names in os.walk(service_work_root()) for n in names]
@@ -95,18 +96,6 @@ def _fd_count(pid: int) -> int:
 def _children(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as f:
         return [int(p) for p in f.read().split()]
-
-
-def _processes_of(uids: set[int]) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}").st_uid in uids:
-                    found.append(int(entry))
-            except FileNotFoundError:
-                continue
-    return found
 
 
 def _files_owned_by(uids: set[int], root: str) -> list[str]:

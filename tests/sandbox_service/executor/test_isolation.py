@@ -18,7 +18,7 @@ import pytest
 from sandbox_service.client import SandboxClient
 from sandbox_service.launch import ServiceProcess
 from sandbox_service.models import Status
-from tests.conftest import SECRET
+from tests.conftest import SECRET, processes_of
 
 
 def _layer(client: SandboxClient, name: str) -> None:
@@ -153,7 +153,7 @@ def test_fork_bomb_is_contained(client: SandboxClient) -> None:
     assert time.monotonic() - start < 10
     assert client.execute("print('still here')").stdout == "still here\n"
     if client.status().isolation.get("uid") is True:
-        assert _processes_of({s.uid for s in client.status().slots}) == []
+        assert processes_of({s.uid for s in client.status().slots}) == []
 
 
 def test_setsid_daemon_does_not_survive(client: SandboxClient) -> None:
@@ -171,17 +171,5 @@ def test_setsid_daemon_does_not_survive(client: SandboxClient) -> None:
     assert r.stdout == "parent done\n"
     time.sleep(0.2)
     if client.status().isolation.get("uid") is True:
-        assert _processes_of({s.uid for s in client.status().slots}) == []
+        assert processes_of({s.uid for s in client.status().slots}) == []
     assert client.execute("print(1)").stdout == "1\n"
-
-
-def _processes_of(uids: set[int | None]) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}").st_uid in uids:
-                    found.append(int(entry))
-            except FileNotFoundError:
-                continue
-    return found
