@@ -89,20 +89,17 @@ async def sample_groups(
     dp: DataParallel = SINGLE,
 ) -> list[list[Scored]]:
     """``sample_and_score`` on every rank's engine (or rank 0's), the groups on every rank."""
-    if not dp.distributed:
+
+    async def sample(chosen: Sequence[Problem]) -> list[list[Scored]]:
         return await sample_and_score(
-            problems, per_problem, policy, backend, runner, settings, require_answer_tag
+            chosen, per_problem, policy, backend, runner, settings, require_answer_tag
         )
+
+    if not dp.distributed:
+        return await sample(problems)
     if backend.per_rank:
-        mine = await sample_and_score(
-            dp.share(problems), per_problem, policy, backend, runner, settings, require_answer_tag
-        )
-        return dp.gather_shares(mine)
-    groups = None
-    if dp.rank == 0:
-        groups = await sample_and_score(
-            problems, per_problem, policy, backend, runner, settings, require_answer_tag
-        )
+        return dp.gather_shares(await sample(dp.share(problems)))
+    groups = await sample(problems) if dp.rank == 0 else None
     return dp.broadcast(groups) or []
 
 
