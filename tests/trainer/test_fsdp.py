@@ -55,12 +55,35 @@ def one_update(policy: Policy, checkpointing: bool = False) -> dict[str, Any]:
         dp = DataParallel(torch.distributed.get_rank(), torch.distributed.get_world_size())
         policy = shard_policy(policy, activation_checkpointing=checkpointing)
     before = {name: t.clone() for name, t in full_parameters(policy.model)}
-    optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.5)
+    # Momentum: state to checkpoint; its first step is plain SGD's, so gradients still show.
+    optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.5, momentum=0.9)
     settings = UpdateSettings(micro_batch_tokens=40, grad_clip=0.05, mini_batches=2)
     samples = make_samples(len(policy.tokenizer))
     metrics = grpo_update(policy, optimizer, samples, settings, random.Random(0), dp=dp)
     after = dict(full_parameters(policy.model))
-    return {"before": before, "after": after, "metrics": metrics}
+    result = {"before": before, "after": after, "metrics": metrics}
+    if dp.distributed:
+        result["restored"] = restore(policy, optimizer, dp)
+    return result
+
+
+def restore(policy: Policy, optimizer: torch.optim.Optimizer, dp: Any) -> dict[str, Any]:
+    """Gather model and optimizer state as a checkpoint does, load them into a fresh sharded
+    policy and optimizer as a resume does, and gather those again."""
+    from trainer import fsdp
+
+    model_state = dp.broadcast(fsdp.full_state_dict(policy.model))  # written by rank 0, read by all
+    optimizer_state = dp.broadcast(fsdp.full_optimizer_state(policy.model, optimizer))
+    fresh = make_policy()
+    fresh.model.load_state_dict(model_state)
+    fresh = fsdp.shard_policy(fresh)
+    fresh_optimizer = torch.optim.SGD(fresh.model.parameters(), lr=0.5, momentum=0.9)
+    fsdp.load_full_optimizer_state(fresh.model, fresh_optimizer, optimizer_state)
+    return {
+        "model": dict(full_parameters(fresh.model)),
+        "saved_optimizer": optimizer_state,
+        "optimizer": fsdp.full_optimizer_state(fresh.model, fresh_optimizer),
+    }
 
 
 def worker(rank: int, world: int, port: int, out: str, checkpointing: bool) -> None:
@@ -136,8 +159,52 @@ def test_gathered_parameters_are_the_unsharded_model(two_ranks: dict[str, Any]) 
         assert torch.equal(sharded["before"][name], param.detach())
 
 
+def test_checkpoint_states_gather_and_scatter_back(two_ranks: dict[str, Any]) -> None:
+    restored = two_ranks["restored"]
+    for name, tensor in two_ranks["after"].items():
+        assert torch.equal(restored["model"][name], tensor)
+    saved, again = restored["saved_optimizer"]["state"], restored["optimizer"]["state"]
+    assert saved.keys() == again.keys() == two_ranks["after"].keys()  # keyed by name
+    for name in saved:
+        assert torch.equal(saved[name]["momentum_buffer"], again[name]["momentum_buffer"])
+
+
 def test_buckets_bound_their_size() -> None:
     pairs = [(f"p{i}", torch.zeros(n)) for i, n in enumerate([10, 20, 5, 100, 1, 1])]
     groups = list(buckets(pairs, bucket_bytes=30 * 4))
     assert [[name for name, _ in g] for g in groups] == [["p0", "p1"], ["p2"], ["p3"], ["p4", "p5"]]
     assert [n for g in groups for n, _ in g] == [n for n, _ in pairs]
+
+
+def train_worker(rank: int, output: str, max_steps: int) -> None:
+    """train() with model.fsdp on one process, as torchrun would start rank 0 of one."""
+    import asyncio
+
+    from trainer.config import load_config
+    from trainer.train import train
+
+    torch.set_num_threads(1)
+    overrides = {
+        "model": {"fsdp": True, "device": "cpu", "tiny": {"vocab_size": 512, "hidden_size": 32}},
+        "rollout": {"group_size": 2, "prompts_per_step": 2, "max_turns": 2},
+        "rollout.max_response_tokens": 32,
+        "stages": [{"name": "toy", "steps": 3}],
+        "checkpoint": {"every": 2, "keep": 5},
+        "logging.progress": False,
+        "sft.enabled": False,
+    }
+    config = load_config(Path(__file__).parents[2] / "trainer/configs/tiny_cpu.yaml", overrides)
+    asyncio.run(train(config, output, sandbox_url="subprocess", max_steps=max_steps))
+    torch.distributed.destroy_process_group()
+
+
+def test_train_shards_checkpoints_and_resumes_on_one_process(tmp_path: Path) -> None:
+    from trainer.checkpoint import checkpoints
+
+    mp.spawn(train_worker, args=(str(tmp_path), 2), nprocs=1, join=True)
+    mp.spawn(train_worker, args=(str(tmp_path), 5), nprocs=1, join=True)
+    assert [p.name for p in checkpoints(tmp_path)] == ["step_000002", "step_000003"]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    restored = torch.load(checkpoints(tmp_path)[-1] / "trainer.pt", weights_only=False)
+    assert restored["state"]["step"] == 3 and "state" in restored["optimizer"]
