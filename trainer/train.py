@@ -59,6 +59,8 @@ async def stage_problems(
     policy: Policy,
     runner: ToolRunner,
     config: TrainConfig,
+    backend: GenerationBackend | None = None,
+    dp: DataParallel = SINGLE,
 ) -> list[Problem]:
     """The stage's problem set: all of them, or (``hard_only``) those the current policy does
     not solve in every one of ``hard_filter_samples`` rollouts. Chosen once per stage and kept
@@ -69,7 +71,7 @@ async def stage_problems(
         candidates = problems[: stage.hard_filter_max_problems]
         settings = stage_rollout_settings(config, stage)
         counts, _ = await correct_counts(
-            candidates, stage.hard_filter_samples, policy, runner, settings, config
+            candidates, stage.hard_filter_samples, policy, runner, settings, config, backend, dp
         )
         state.stage_problem_ids = [
             p.id for p in hard_problems(candidates, counts, stage.hard_filter_samples)
@@ -96,8 +98,8 @@ def check_parallel(config: TrainConfig, dp: DataParallel) -> None:
         return
     if config.rollout.backend == "hf":
         raise ValueError("rollout.backend hf cannot generate from a model sharded over ranks")
-    if config.loss.kl_coef > 0 or any(stage.hard_only for stage in config.stages):
-        raise ValueError("kl_coef > 0 and hard_only stages run on one process only (for now)")
+    if config.loss.kl_coef > 0:
+        raise ValueError("kl_coef > 0 (a reference policy) runs on one process only, for now")
 
 
 class Trainer:
@@ -215,7 +217,9 @@ class Trainer:
         budget: int | None,
     ) -> list[dict[str, Any]]:
         config, state = self.config, self.state
-        problems = await stage_problems(stage, self.problems, state, self.policy, runner, config)
+        problems = await stage_problems(
+            stage, self.problems, state, self.policy, runner, config, backend, self.dp
+        )
         if not problems:
             tqdm.write(f"stage {stage.name}: no problem left that the policy does not always solve")
             state.stage_step = stage.steps
