@@ -1,6 +1,6 @@
 """The policy sharded with PyTorch FSDP2: one ``fully_shard`` per decoder layer, then the root.
 
-    torchrun --nproc-per-node 8 -m trainer.scripts.... (see docs/gpu.md)
+    torchrun --nproc-per-node 8 -m trainer.train --config ... --set model.fsdp=true  # docs/gpu.md
 
 The same code runs on one process (world size 1, CPU or GPU) and on many; on CPU the
 process group is gloo, on GPUs NCCL. What it sets up:
