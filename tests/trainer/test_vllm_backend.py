@@ -224,6 +224,35 @@ def test_sampling_parameters_are_the_contracts() -> None:
     assert params["output_kind"] == "final-only"
 
 
+def test_settings_a_layout_cannot_honour_are_refused() -> None:
+    for bad in (
+        VllmConfig(tensor_parallel_size=2),
+        VllmConfig(devices="1"),
+        VllmConfig(layout="separate"),
+        VllmConfig(layout="separate", devices="4,5", sleep_level=1),
+    ):
+        with pytest.raises(ValueError, match="vllm"):
+            vllm_backend.check_layout(bad)
+    vllm_backend.check_layout(VllmConfig(layout="separate", devices="4,5", tensor_parallel_size=2))
+
+
+def test_separate_layout_engine_lives_on_rank_zero() -> None:
+    from trainer.parallel import DataParallel
+
+    config = VllmConfig(
+        layout="separate", devices="4,5,6,7", tensor_parallel_size=2, data_parallel_size=2
+    )
+    engine = FakeEngine({})
+    rank0 = CpuBackend(config, "/models/policy", DataParallel(0, 2), fake_api(engine))
+    assert engine.args["tensor_parallel_size"] == engine.args["data_parallel_size"] == 2
+    assert engine.args["weight_transfer_config"] == {"backend": "nccl"}
+    assert not engine.args["enable_sleep_mode"] and not rank0.per_rank
+    rank1 = CpuBackend(config, "/models/policy", DataParallel(1, 2), fake_api(FakeEngine({})))
+    assert rank1.engine is None and not rank1.hosts_engine
+    with pytest.raises(RuntimeError, match="rank 0"):
+        asyncio.run(rank1.generate([GenerationRequest([1, 2], 4)], SamplingParams()))
+
+
 def test_finish_reasons_from_vllm() -> None:
     reason = vllm_backend.finish_reason
     assert reason(Completion([], [], "stop", "</tool_call>")) == "stop"

@@ -224,6 +224,20 @@ def physical_gpu(local_index: int) -> str:
     return visible.split(",")[local_index] if visible else str(local_index)
 
 
+def check_layout(config: VllmConfig) -> None:
+    """Settings that the layout cannot honour are errors, not silently ignored."""
+    if config.layout == "colocated":
+        if config.tensor_parallel_size != 1 or config.data_parallel_size != 1:
+            raise ValueError("vllm: a colocated engine is one GPU (tensor and data parallel 1)")
+        if config.devices is not None:
+            raise ValueError("vllm.devices: a colocated engine uses its trainer rank's GPU")
+    else:
+        if config.devices is None:
+            raise ValueError("vllm.devices: the separate engine's GPUs, e.g. '4,5,6,7'")
+        if config.sleep_level:
+            raise ValueError("vllm.sleep_level: only a colocated engine sleeps")
+
+
 def finish_reason(output: Any) -> FinishReason:
     """vLLM's (finish_reason, stop_reason) as ours (module docstring)."""
     if output.finish_reason == "length":
@@ -252,6 +266,7 @@ class VLLMBackend(GenerationBackend):
         dp: DataParallel = SINGLE,
         api: VllmApi | None = None,
     ) -> None:
+        check_layout(config)
         self.config, self.model_path, self.dp = config, model_path, dp
         self.api = api or VllmApi.load()
         self.colocated = config.layout == "colocated"
@@ -263,7 +278,7 @@ class VLLMBackend(GenerationBackend):
         self.engine: Any = None
         self.awake = True
         self.weights_valid = True  # False after a level-2 sleep until the next push
-        self.model: torch.nn.Module | None = None  # the policy of the last push
+        self.model: torch.nn.Module | None = None  # the policy, to restore discarded weights
         self._transfer: Any = None  # "ipc" after the handshake, or the NCCL sender
         if self.hosts_engine:
             self.loop = EngineLoop()
