@@ -170,6 +170,7 @@ async def smoke(args: argparse.Namespace, times: dict[str, float]) -> dict[str, 
         "engine_moved_to_trainer": gap_after < gap_before and gap_after < 0.1 + 0.25 * moved,
     }
     backend.close()
+    torch.distributed.destroy_process_group()
     return {
         "checks": checks,
         "rollouts": len(rollouts),
