@@ -5,7 +5,8 @@ The double stands in for ``AsyncLLM`` and the few vLLM classes the backend build
 what the backend asks of it (prompts as token ids, the sampling parameters, the order of sleep,
 wake and weight-transfer calls) and answers as vLLM 0.33 does (finish and stop reasons, the EOS
 id kept, per-position logprob dicts). Where vLLM is installed these tests are skipped: the real
-engine is checked by ``trainer/scripts/gpu_smoke.sh``.
+engine is checked by ``trainer/scripts/gpu_smoke.sh``, and the last test here checks, without a
+GPU, that vLLM's own classes accept everything the backend gives them.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
 from trainer.backends.base import GenerationRequest, SamplingParams
 from trainer.chat import EOS, decode
 from trainer.config import TinyModelConfig, VllmConfig
+from trainer.parallel import SINGLE
 from trainer.rollout import RolloutSettings, generate_rollouts
 from trainer.tiny import build_model
 from trainer.tools import CALL_CLOSE, format_tool_call
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is not None,
-    reason="vLLM is installed: the real engine is checked by trainer/scripts/gpu_smoke.sh",
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+without_vllm = pytest.mark.skipif(
+    HAVE_VLLM, reason="vLLM is installed: the real engine is checked by gpu_smoke.sh"
 )
 
 from trainer.backends import vllm as vllm_backend  # noqa: E402 - imports without vLLM
@@ -162,6 +164,7 @@ def backend_of(engine: FakeEngine, **config: Any) -> CpuBackend:
     return CpuBackend(VllmConfig(**config), "/models/policy", api=fake_api(engine))
 
 
+@without_vllm
 def test_module_imports_without_vllm_and_says_what_to_install() -> None:
     with pytest.raises(vllm_backend.VllmMissing, match=r"pip install -e '\.\[trainer,gpu\]'"):
         vllm_backend.VllmApi.load()
@@ -169,6 +172,7 @@ def test_module_imports_without_vllm_and_says_what_to_install() -> None:
         vllm_backend.VLLMBackend(VllmConfig(), "/models/policy")
 
 
+@without_vllm
 def test_engine_is_built_from_the_config() -> None:
     engine = FakeEngine({})
     backend = backend_of(
@@ -186,6 +190,7 @@ def test_engine_is_built_from_the_config() -> None:
     assert engine.calls[-1] == ("shutdown", None)
 
 
+@without_vllm
 def test_generation_stops_keeps_eos_and_returns_logprobs(
     tokenizer: PreTrainedTokenizerFast,
 ) -> None:
@@ -214,6 +219,7 @@ def test_generation_stops_keeps_eos_and_returns_logprobs(
         assert generation.logprobs == pytest.approx(expected)
 
 
+@without_vllm
 def test_sampling_parameters_are_the_contracts() -> None:
     backend = backend_of(FakeEngine({}))
     params = backend.sampling_params(SamplingParams(0.7, 0.9, stop=(CALL_CLOSE,)), 12)
@@ -224,6 +230,7 @@ def test_sampling_parameters_are_the_contracts() -> None:
     assert params["output_kind"] == "final-only"
 
 
+@without_vllm
 def test_settings_a_layout_cannot_honour_are_refused() -> None:
     for bad in (
         VllmConfig(tensor_parallel_size=2),
@@ -236,6 +243,7 @@ def test_settings_a_layout_cannot_honour_are_refused() -> None:
     vllm_backend.check_layout(VllmConfig(layout="separate", devices="4,5", tensor_parallel_size=2))
 
 
+@without_vllm
 def test_separate_layout_engine_lives_on_rank_zero() -> None:
     from trainer.parallel import DataParallel
 
@@ -253,6 +261,7 @@ def test_separate_layout_engine_lives_on_rank_zero() -> None:
         asyncio.run(rank1.generate([GenerationRequest([1, 2], 4)], SamplingParams()))
 
 
+@without_vllm
 def test_finish_reasons_from_vllm() -> None:
     reason = vllm_backend.finish_reason
     assert reason(Completion([], [], "stop", "</tool_call>")) == "stop"
@@ -268,6 +277,7 @@ def tiny_model(tokenizer: PreTrainedTokenizerFast) -> torch.nn.Module:
     return build_model(tokenizer, TinyModelConfig(hidden_size=32, intermediate_size=64))
 
 
+@without_vllm
 def test_push_is_bucketed_cast_and_resets_the_prefix_cache(
     tokenizer: PreTrainedTokenizerFast,
 ) -> None:
@@ -287,6 +297,7 @@ def test_push_is_bucketed_cast_and_resets_the_prefix_cache(
     assert engine.calls[0] == ("start", None)
 
 
+@without_vllm
 def test_level_two_sleep_always_pushes_before_generating(
     tokenizer: PreTrainedTokenizerFast,
 ) -> None:
@@ -317,6 +328,7 @@ def test_level_two_sleep_always_pushes_before_generating(
     assert engine.calls[0] == ("wake_up", ["weights"]) and ("finish", None) in engine.calls
 
 
+@without_vllm
 def test_level_one_sleep_wakes_without_a_push_when_nothing_changed(
     tokenizer: PreTrainedTokenizerFast,
 ) -> None:
@@ -332,6 +344,7 @@ def test_level_one_sleep_wakes_without_a_push_when_nothing_changed(
     assert kinds[0] == "wake_up" and kinds[-2:] == ["wake_up", "reset_prefix_cache"]
 
 
+@without_vllm
 def test_engine_processes_get_their_gpus_and_not_the_launchers_variables() -> None:
     os.environ["RANK"], os.environ["MASTER_PORT"] = "3", "29500"
     try:
@@ -349,6 +362,7 @@ class OkRunner:
         return [ExecuteResult(status=Status.ok, exit_code=0, stdout="3\n") for _ in calls]
 
 
+@without_vllm
 def test_rollout_loop_runs_on_the_backend(tokenizer: PreTrainedTokenizerFast) -> None:
     """Two turns through the real rollout loop: a tool call cut at its stop string, then an
     answer ending in EOS; model tokens carry the engine's logprobs, tool tokens mask 0."""
@@ -373,3 +387,40 @@ def test_rollout_loop_runs_on_the_backend(tokenizer: PreTrainedTokenizerFast) ->
         assert all(lp < 0 for lp in model_logprobs)
         assert 0 in rollout.loss_mask
     assert engine.most_in_flight == 4
+
+
+@pytest.mark.skipif(not HAVE_VLLM, reason="needs vLLM (the gpu extra)")
+def test_vllm_accepts_what_the_backend_builds(tokenizer: PreTrainedTokenizerFast) -> None:
+    """With vLLM installed (no GPU needed): its classes take our arguments and payloads."""
+    import base64
+    import pickle
+
+    from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferUpdateInfo
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine
+    from vllm.logprobs import Logprob as VllmLogprob
+    from vllm.outputs import CompletionOutput
+
+    api = vllm_backend.VllmApi.load()
+    backend = object.__new__(vllm_backend.VLLMBackend)  # no engine: only the builders
+    backend.api, backend.model_path, backend.dp = api, "/models/policy", SINGLE
+    for config in (VllmConfig(sleep_level=2), VllmConfig(layout="separate", devices="1")):
+        backend.config, backend.colocated = config, config.layout == "colocated"
+        backend.engine_args()
+    params = backend.sampling_params(SamplingParams(stop=(CALL_CLOSE,)), 8)
+    assert params.include_stop_str_in_output and params.logprobs == 0
+    handles = base64.b64encode(pickle.dumps([{"gpu": (1,)}])).decode()
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    info = {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[2]]}
+    IPCWeightTransferUpdateInfo(**info, ipc_handles_pickled=handles)
+    source = vllm_backend.policy_source(tiny_model(tokenizer), torch.bfloat16)
+    list(NCCLTrainerWeightTransferEngine._checked_iter(source, source.metadata))
+    output = CompletionOutput(
+        index=0,
+        text="",
+        token_ids=[5],
+        cumulative_logprob=None,
+        logprobs=[{5: VllmLogprob(-0.5)}],
+        finish_reason="stop",
+        stop_reason=None,
+    )
+    assert vllm_backend.to_generation(output).finish_reason == "eos"

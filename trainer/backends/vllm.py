@@ -22,7 +22,10 @@ Layouts (``vllm.layout``):
   requests across its replicas; weights go by NCCL broadcast from rank 0, the other trainer
   ranks only joining the FSDP gathers.
 
-Version-specific choices, vLLM 0.33 (read in its source; the range is pinned in pyproject):
+Version-specific choices, vLLM 0.33 (read in its source and 0.34's, which agree on all of it;
+the range is pinned in pyproject). Checked without a GPU against vLLM 0.33.0's own classes
+(``test_vllm_accepts_what_the_backend_builds``): the engine arguments, sampling parameters,
+weight-transfer payloads and the weight source. Not yet run on a GPU:
 
 - ``AsyncLLM.from_engine_args(AsyncEngineArgs(...))``; ``generate(TokensPrompt(
   prompt_token_ids=...), SamplingParams, request_id)`` is an async generator, read to its last
