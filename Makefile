@@ -18,6 +18,7 @@ install: $(VENV)/.installed
 
 test: install
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 lint: install

@@ -1,6 +1,6 @@
 """Executor benchmark: the service against the bare executor and a naive baseline, in one run.
 
-    python -m loadtests.bench_executor [--n 2000] [--batch 64] [--quick]
+    python -m loadtests.bench_executor [--n 2000] [--batch 64] [--quick] [--modes ...]
 
 For each workload (trivial print, sympy factor, numpy) it measures, one after another so they
 do not share the CPU:
@@ -8,6 +8,9 @@ do not share the CPU:
 - ``bare``: the slots driven directly, no HTTP and no queue (the executor's own ceiling);
 - ``service``: the embedded service over HTTP, batches of ``--batch``, every isolation layer
   the host allows on;
+- ``redis``: the same through Redis mode: 1 API node and 2 worker nodes sharing the slots
+  (half each) on a throwaway ``redis-server``, with the Redis round trips per execution that
+  all three nodes made;
 - ``naive``: one ``subprocess.run([python, "-c", code])`` per call, as code-judge runs code,
   with as many in parallel as there are CPUs;
 
@@ -20,21 +23,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
+import httpx
+
 from sandbox_service.client import AsyncSandboxClient
 from sandbox_service.executor.pool import SlotPool
-from sandbox_service.launch import launch
+from sandbox_service.launch import RedisServer, ServiceProcess, launch, start
 from sandbox_service.models import ExecuteRequest, Status
 from sandbox_service.settings import Settings
 
+MODES = ("bare", "service", "redis", "naive")
 WORKLOADS = {
     "trivial": ("print(sum(range(1000)))", "499500\n"),
     "sympy": (
@@ -102,11 +110,21 @@ async def bench_bare(settings: Settings, workload: str, n: int) -> Figure:
     return _figure("bare", workload, latencies, seconds, wrong)
 
 
-async def bench_service(url: str, workload: str, n: int, batch: int) -> Figure:
+async def bench_service(
+    url: str,
+    workload: str,
+    n: int,
+    batch: int,
+    mode: str = "service",
+    warm: Callable[[], None] | None = None,
+) -> Figure:
+    """Batches of ``batch``, four in flight; ``warm`` is called after the warm-up batch."""
     code, expected = WORKLOADS[workload]
     latencies: list[float] = []
     async with AsyncSandboxClient(url, batch_size=batch, concurrency=4) as client:
         await client.execute_batch([code] * batch)  # warm-up
+        if warm is not None:
+            warm()
 
         async def one_batch(size: int) -> list:  # type: ignore[type-arg]
             t = time.perf_counter()
@@ -126,10 +144,55 @@ async def bench_service(url: str, workload: str, n: int, batch: int) -> Figure:
         seconds = time.perf_counter() - start
     results = [r for chunk in chunks for r in chunk]
     wrong = sum(r.status is not Status.ok or r.stdout != expected for r in results)
-    return _figure("service", workload, latencies, seconds, wrong)
+    return _figure(mode, workload, latencies, seconds, wrong)
 
 
-async def bench_service_latency(url: str, n: int) -> Figure:
+def _round_trips(nodes: list[ServiceProcess]) -> float:
+    """Redis round trips all ``nodes`` made so far, from their /metrics."""
+    total = 0.0
+    for node in nodes:
+        for line in httpx.get(f"{node.url}/metrics", timeout=10).text.splitlines():
+            if line.startswith("sandbox_redis_round_trips_total "):
+                total += float(line.split()[1])
+    return total
+
+
+@contextlib.contextmanager
+def redis_mode(settings: Settings, logs: str) -> Iterator[list[ServiceProcess]]:
+    """1 API node and 2 worker nodes (half the slots each) on a throwaway redis-server;
+    yields [api, worker, worker]."""
+    redis = RedisServer(logs)
+    redis.start()
+    nodes: list[ServiceProcess] = []
+    try:
+        nodes.append(start(os.path.join(logs, "api.log"), command=("api",), redis_url=redis.url))
+        for i in range(2):
+            nodes.append(start(
+                os.path.join(logs, f"worker-{i}.log"), command=("worker",),
+                port_setting="worker_metrics_port", slots=max(1, settings.slots // 2),
+                worker_name=f"bench-{i}", redis_url=redis.url,
+                uid_base=settings.uid_base + (i + 1) * settings.slots,  # no shared uids
+            ))  # fmt: skip
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+        redis.stop()
+
+
+def bench_redis(nodes: list[ServiceProcess], workload: str, n: int, batch: int
+                ) -> tuple[Figure, float]:  # fmt: skip
+    """One workload through Redis mode; (figure, Redis round trips per execution)."""
+    before = [0.0]
+
+    def warm() -> None:
+        before[0] = _round_trips(nodes)
+
+    figure = asyncio.run(bench_service(nodes[0].url, workload, n, batch, "redis", warm))
+    return figure, (_round_trips(nodes) - before[0]) / n
+
+
+async def bench_service_latency(url: str, n: int, mode: str = "service-single") -> Figure:
     """Single requests, one at a time: the latency a lone tool call sees under no load."""
     code, expected = WORKLOADS["trivial"]
     latencies = []
@@ -143,7 +206,7 @@ async def bench_service_latency(url: str, n: int) -> Figure:
             latencies.append(time.perf_counter() - t)
             wrong += r.stdout != expected
         seconds = time.perf_counter() - start
-    return _figure("service-single", "trivial", latencies, seconds, wrong)
+    return _figure(mode, "trivial", latencies, seconds, wrong)
 
 
 def bench_naive(workload: str, n: int, parallel: int) -> Figure:
@@ -178,7 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=64, help="requests per HTTP batch")
     parser.add_argument("--quick", action="store_true", help="a small run (CI smoke)")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"which to measure, of {','.join(MODES)} (service is always measured)",
+    )
     args = parser.parse_args(argv)
+    modes = {m.strip() for m in args.modes.split(",")} | {"service"}
     n = 200 if args.quick else args.n
     settings = Settings()
     parallel = os.cpu_count() or 1
@@ -186,40 +255,74 @@ def main(argv: list[str] | None = None) -> int:
     naive_sizes = {"trivial": max(n // 10, 20), "sympy": 10 if args.quick else 30,
                    "numpy": max(n // 40, 20)}  # fmt: skip
     figures: list[Figure] = []
+    trips: dict[str, float] = {}
     print(f"slots={settings.slots} cpus={parallel} batch={args.batch}", flush=True)
-    for workload, count in sizes.items():
-        figures.append(asyncio.run(bench_bare(settings, workload, count)))
-        print(_table(figures[-1:]).splitlines()[-1], flush=True)
-    with launch(log_path=os.path.join(tempfile.gettempdir(), "bench-service.log")) as service:
+    if "bare" in modes:
+        for workload, count in sizes.items():
+            figures.append(asyncio.run(bench_bare(settings, workload, count)))
+            print(_table(figures[-1:]).splitlines()[-1], flush=True)
+    # Embedded and Redis mode side by side, each workload through one then the other, so
+    # that both see the same machine (others' load on a shared one drifts over minutes).
+    logs = tempfile.mkdtemp(prefix="bench-")
+    print(f"service logs in {logs}", flush=True)
+    with contextlib.ExitStack() as stack:
+        service = stack.enter_context(launch(log_path=os.path.join(logs, "service.log")))
+        nodes = stack.enter_context(redis_mode(settings, logs)) if "redis" in modes else []
         for workload, count in sizes.items():
             figures.append(asyncio.run(bench_service(service.url, workload, count, args.batch)))
             print(_table(figures[-1:]).splitlines()[-1], flush=True)
+            if nodes:
+                figure, trips[workload] = bench_redis(nodes, workload, count, args.batch)
+                figures.append(figure)
+                print(_table(figures[-1:]).splitlines()[-1], flush=True)
         figures.append(asyncio.run(bench_service_latency(service.url, min(n, 500))))
         print(_table(figures[-1:]).splitlines()[-1], flush=True)
+        if nodes:
+            single = bench_service_latency(nodes[0].url, min(n, 500), "redis-single")
+            figures.append(asyncio.run(single))
+            print(_table(figures[-1:]).splitlines()[-1], flush=True)
         isolation = asyncio.run(_isolation(service.url))
-    for workload, count in naive_sizes.items():
-        figures.append(bench_naive(workload, count, parallel))
-        print(_table(figures[-1:]).splitlines()[-1], flush=True)
+    if "naive" in modes:
+        for workload, count in naive_sizes.items():
+            figures.append(bench_naive(workload, count, parallel))
+            print(_table(figures[-1:]).splitlines()[-1], flush=True)
 
     print("\n" + _table(figures))
-    by = {(f.mode, f.workload): f for f in figures}
     print(f"\nisolation active: {', '.join(k for k, v in isolation.items() if v is True)}")
-    for workload in WORKLOADS:
-        svc, naive, bare = (
-            by[("service", workload)],
-            by[("naive", workload)],
-            by[("bare", workload)],
-        )
-        overhead_ms = (1 / svc.exec_per_s - 1 / bare.exec_per_s) * 1000 * settings.slots
-        print(f"{workload:8} service/naive = {svc.exec_per_s / naive.exec_per_s:6.1f}x   "
-              f"service/bare = {svc.exec_per_s / bare.exec_per_s:5.2f}   "
-              f"HTTP+queue overhead = {overhead_ms:+.2f} ms per execution per slot")  # fmt: skip
+    _compare({(f.mode, f.workload): f for f in figures}, trips, settings.slots)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"figures": [asdict(x) for x in figures], "isolation": isolation}, f, indent=2
+                {
+                    "figures": [asdict(x) for x in figures],
+                    "isolation": isolation,
+                    "redis_round_trips_per_execution": trips,
+                },
+                f,
+                indent=2,
             )
     return 1 if any(f.wrong for f in figures) else 0
+
+
+def _compare(by: dict[tuple[str, str], Figure], trips: dict[str, float], slots: int) -> None:
+    for workload in WORKLOADS:
+        svc = by[("service", workload)]
+        parts = [f"{workload:8}"]
+        if ("naive", workload) in by:
+            parts.append(
+                f"service/naive = {svc.exec_per_s / by[('naive', workload)].exec_per_s:6.1f}x"
+            )
+        if ("bare", workload) in by:
+            bare = by[("bare", workload)]
+            overhead_ms = (1 / svc.exec_per_s - 1 / bare.exec_per_s) * 1000 * slots
+            parts.append(f"service/bare = {svc.exec_per_s / bare.exec_per_s:5.2f}")
+            parts.append(f"HTTP+queue overhead = {overhead_ms:+.2f} ms per execution per slot")
+        if ("redis", workload) in by:
+            parts.append(
+                f"redis/service = {by[('redis', workload)].exec_per_s / svc.exec_per_s:5.2f}"
+            )
+            parts.append(f"Redis round trips per execution = {trips[workload]:.3f}")
+        print("   ".join(parts))
 
 
 async def _isolation(url: str) -> dict:  # type: ignore[type-arg]

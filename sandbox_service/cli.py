@@ -1,4 +1,5 @@
-"""The ``sandbox-service`` command: ``serve`` (embedded service) and ``run FILE`` (one execution).
+"""The ``sandbox-service`` command: ``serve`` (embedded service), ``run FILE`` (one execution),
+``api`` and ``worker`` (the two node kinds of Redis mode).
 
 Every setting is a flag and a ``SANDBOX_*`` variable; flags win. ``--help`` on a command
 lists them all with their defaults.
@@ -154,6 +155,37 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     return exit_status(result)
 
 
+# ---------------------------------------------------------------- api, worker (Redis mode)
+
+
+@command("api", "run an API node: the HTTP API in front of a Redis queue (--redis-url)")
+def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
+    from sandbox_service.node import RedisRuntime
+    from sandbox_service.server import serve
+
+    serve(settings, RedisRuntime(settings))
+    return 0
+
+
+def _worker_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--burst", action="store_true", help="take jobs until the queue is empty, then exit"
+    )
+
+
+@command("worker", "run a worker node: slots that take jobs from a Redis queue", _worker_options)
+def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    from sandbox_service.executor.pool import IsolationUnavailable
+    from sandbox_service.executor.slot import SlotStartError
+    from sandbox_service.node import run_worker
+
+    try:
+        return run_worker(settings, burst=args.burst)
+    except (SlotStartError, IsolationUnavailable) as exc:
+        print(f"sandbox-service worker: {exc}", file=sys.stderr)
+        return 1
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -185,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fn(args, settings)
     except KeyboardInterrupt:
         return 130
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:  # start-up refusals: isolation, preloads, slots
         print(f"sandbox-service: {exc}", file=sys.stderr)
         return 1
 

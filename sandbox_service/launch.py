@@ -3,6 +3,8 @@
 For programs that need a sandbox and were not given a URL (the trainer, the load generator,
 tests): ``with launch(slots=2) as service: ... service.url ...``. The service is a real
 ``sandbox-service serve`` process on a free loopback port, stopped with SIGTERM on exit.
+The nodes of Redis mode start the same way (``command=("api",)``), and ``RedisServer`` gives
+them a throwaway Redis.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,14 +55,16 @@ class ServiceProcess:
         return self.process.returncode
 
 
-def _env(settings: dict[str, Any], port: int, extra_env: dict[str, str] | None) -> dict[str, str]:
+def _env(
+    settings: dict[str, Any], port: int, extra_env: dict[str, str] | None, port_setting: str
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
     env.update(extra_env or {})
     for name, value in settings.items():
         text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
         env[f"SANDBOX_{name.upper()}"] = text
     env["SANDBOX_HOST"] = "127.0.0.1"
-    env["SANDBOX_PORT"] = str(port)
+    env[f"SANDBOX_{port_setting.upper()}"] = str(port)
     return env
 
 
@@ -68,21 +72,25 @@ def start(
     log_path: str,
     ready_timeout_s: float = 120.0,
     extra_env: dict[str, str] | None = None,
-    command: list[str] | None = None,
+    command: Sequence[str] = ("serve",),
+    port_setting: str = "port",
+    python: Sequence[str] = (sys.executable,),
     **settings: Any,
 ) -> ServiceProcess:
     """Start ``sandbox-service serve`` with ``settings`` (names of Settings fields).
 
-    ``command`` replaces the default ``[python, -m, sandbox_service.cli, serve]``, e.g. to run
-    the service as another user through ``setpriv``."""
+    Another ``command`` (``("api",)``, ``("worker", "--burst")``) starts another kind of node;
+    ``port_setting`` names the setting that holds the port its ``/readyz`` answers on (a
+    worker node's is ``worker_metrics_port``). ``python`` is the interpreter, possibly behind
+    a wrapper (``setpriv ... /other/python`` runs the service as another user)."""
     port = free_port()
     # Slot uids unique to this service: a zygote kills every process of its uid when it
     # starts, so two services on one machine (parallel test runs) must not share them.
     settings.setdefault("uid_base", 100_000 + port * 64)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            command or [sys.executable, "-m", "sandbox_service.cli", "serve"],
-            env=_env(settings, port, extra_env),
+            [*python, "-m", "sandbox_service.cli", *command],
+            env=_env(settings, port, extra_env, port_setting),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -111,3 +119,38 @@ def launch(log_path: str | None = None, **settings: Any) -> Iterator[ServiceProc
         yield service
     finally:
         service.stop()
+
+
+class RedisServer:
+    """A throwaway ``redis-server`` on a free loopback port, without persistence, for Redis
+    mode in tests and benchmarks; it can be stopped (SIGKILL, as a crash: its data is gone)
+    and started again on the same port."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready_timeout_s: float = 10.0) -> None:
+        with open(os.path.join(self.directory, "redis.log"), "ab") as log:
+            self.process = subprocess.Popen(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                 "--save", "", "--appendonly", "no", "--dir", self.directory],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        deadline = time.monotonic() + ready_timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.02)
+        self.stop()
+        raise LaunchError(f"redis-server did not start on port {self.port}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None

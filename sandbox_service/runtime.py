@@ -39,9 +39,15 @@ def limits(settings: Settings) -> dict[str, float | int]:
 
 
 class Runtime(Protocol):
-    settings: Settings
-    queue: Queue
-    metrics: Metrics
+    # Read-only here, so that a runtime may hold a narrower kind (LocalQueue, say).
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def queue(self) -> Queue: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
 
     async def start(self) -> None: ...
 
@@ -71,8 +77,8 @@ class EmbeddedRuntime:
     async def start(self) -> None:
         await self.pool.start()
         await self.queue.start()
-        self.metrics.watch(self.metrics.queue_depth, lambda: len(self.queue._waiting))
-        self.metrics.watch(self.metrics.in_flight, lambda: self.queue._running)
+        self.metrics.watch(self.metrics.queue_depth, lambda: self.queue.counts()[0])
+        self.metrics.watch(self.metrics.in_flight, lambda: self.queue.counts()[1])
         self.worker.start()
 
     def begin_shutdown(self) -> None:

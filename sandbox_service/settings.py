@@ -137,6 +137,47 @@ class Settings(BaseSettings):
         default=30.0, ge=0, description="On SIGTERM, how long in-flight work may take to finish."
     )
 
+    # ---- Redis mode: API nodes and worker nodes sharing one Redis (sandbox-service api/worker).
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="Redis the API nodes and worker nodes share (redis:// or rediss:// URL).",
+    )
+    redis_prefix: str = Field(
+        default="sandbox",
+        min_length=1,
+        description="Prefix of every Redis key (the job stream is <prefix>:jobs).",
+    )
+    chunk_size: int = Field(
+        default=16,
+        ge=1,
+        le=1024,
+        description="Most jobs in one chunk: a worker takes a chunk whole, in one round trip.",
+    )
+    visibility_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Jobs held by a worker silent this long are reclaimed by another worker.",
+    )
+    max_attempts: int = Field(
+        default=3,
+        ge=1,
+        description="Times a job may start on workers that then vanish; then internal_error.",
+    )
+    heartbeat_interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often a worker reports itself and keeps its jobs from being reclaimed.",
+    )
+    worker_name: str = Field(
+        default="", description="Name of this worker node in Redis [default: host-pid]."
+    )
+    worker_metrics_port: int = Field(
+        default=9100,
+        ge=0,
+        le=65535,
+        description="Port of a worker node's /metrics, /healthz and /readyz.",
+    )
+
     @field_validator(
         "preload", "require_isolation", "disable_isolation", "hide_paths", mode="before"
     )

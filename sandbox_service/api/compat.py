@@ -9,13 +9,15 @@ has a row, so no front can meet a status it does not know how to say.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
 from sandbox_service.api import policy
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
 from sandbox_service.settings import Settings
+
+FusionRunStatus = Literal["Finished", "Error", "TimeLimitExceeded"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,7 @@ class Outcome:
     """
 
     ran: bool
-    fusion: str
+    fusion: FusionRunStatus
     judge: str
 
 

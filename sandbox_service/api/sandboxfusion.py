@@ -31,7 +31,13 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from sandbox_service.api.compat import OUTCOMES, Refused, native_request, return_code
+from sandbox_service.api.compat import (
+    OUTCOMES,
+    FusionRunStatus,
+    Refused,
+    native_request,
+    return_code,
+)
 from sandbox_service.api.native import BODY_ERRORS, body_of, json_response, parse
 from sandbox_service.models import (
     ErrorBody,
@@ -62,8 +68,12 @@ class RunCodeRequest(BaseModel):
     args: list[str] = Field([], description="Ignored (pytest arguments in SandboxFusion).")
 
 
+RunStatus = FusionRunStatus
+OverallStatus = Literal["Success", "Failed", "SandboxError"]
+
+
 class CommandRunResult(BaseModel):
-    status: Literal["Finished", "Error", "TimeLimitExceeded"]
+    status: RunStatus
     execution_time: float | None = None
     return_code: int | None = None
     stdout: str | None = None
@@ -71,7 +81,7 @@ class CommandRunResult(BaseModel):
 
 
 class RunCodeResponse(BaseModel):
-    status: Literal["Success", "Failed", "SandboxError"]
+    status: OverallStatus
     message: str
     compile_result: CommandRunResult | None = None
     run_result: CommandRunResult | None = None
@@ -97,7 +107,7 @@ class CellRunResult(BaseModel):
 
 
 class RunJupyterResponse(BaseModel):
-    status: Literal["Success", "Failed", "SandboxError"]
+    status: OverallStatus
     message: str
     driver: CommandRunResult | None = None
     cells: list[CellRunResult] = []
@@ -129,7 +139,7 @@ def command_result(result: ExecuteResult, stdout: str, stderr: str) -> CommandRu
     )
 
 
-def run_status(command: CommandRunResult) -> tuple[str, str]:
+def run_status(command: CommandRunResult) -> tuple[OverallStatus, str]:
     """(status, message) as SandboxFusion's ``parse_run_status`` decides them."""
     if command.status == "Error":
         return "SandboxError", command.stderr or ""

@@ -24,6 +24,10 @@ class IsolationUnavailable(RuntimeError):
     """A required isolation layer is not available on this host."""
 
 
+class PreloadFailed(RuntimeError):
+    """A module of the preload list (or the warm-up) failed in the zygote."""
+
+
 def zygote_config(settings: Settings, index: int) -> ZygoteConfig:
     # A slot container's zygote runs as root in its container, whoever runs the service.
     root = os.geteuid() == 0 or settings.executor_backend == "docker"
@@ -74,6 +78,14 @@ class SlotPool:
             key: first.get(key)
             for key in ("rss_mb", "address_space_mb", "huge_pages_mb", "preload_failed")
         }
+        failed = first.get("preload_failed") or []
+        if failed:
+            # A module that cannot be imported means a broken environment (or an interpreter
+            # the mount layer hid): refuse to start rather than serve executions that all pay
+            # for the import or fail at it.
+            await self.stop()
+            why = "; ".join(failed)
+            raise PreloadFailed(f"preload failed: {why} (install it, or drop it from --preload)")
         missing = [
             layer
             for layer in self.settings.require_isolation
@@ -91,8 +103,6 @@ class SlotPool:
         log.info("%d slots up; isolation active: %s", len(self.slots), ", ".join(active))
         for layer, note in inactive.items():
             log.warning("isolation layer %s inactive: %s", layer, note)
-        for failure in self.zygote["preload_failed"] or []:
-            log.warning("preload failed: %s", failure)
 
     async def stop(self) -> None:
         await asyncio.gather(*(s.stop() for s in self.slots), return_exceptions=True)

@@ -35,8 +35,10 @@ def _compile(code: str, mode: str) -> tuple[types.CodeType, types.CodeType | Non
     if mode != "repl":
         return compile(code, FILENAME, "exec"), None
     tree = ast.parse(code, FILENAME, "exec")
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
+    final = tree.body[-1] if tree.body else None
+    if isinstance(final, ast.Expr):
+        tree.body.pop()
+        last = ast.Expression(final.value)
         return compile(tree, FILENAME, "exec"), compile(last, FILENAME, "eval")
     return compile(tree, FILENAME, "exec"), None
 
@@ -115,7 +117,8 @@ def reset_interpreter(workdir: str) -> None:
         io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
         line_buffering=True,
     )  # fmt: skip
-    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+    for name in ("stdin", "stdout", "stderr"):  # the originals too: some code writes to those
+        setattr(sys, f"__{name}__", getattr(sys, name))
     sys.argv = ["-c"]
     sys.path[0] = ""
     if os.environ.get("HOME") != workdir:  # the zygote set everything else already

@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox_service.executor import isolation as iso
-from sandbox_service.executor import protocol, runner, supervise
-from sandbox_service.executor import seccomp_filter as seccomp
+from sandbox_service.executor import protocol, runner, seccomp_filter, supervise
 
 MIB = 1024 * 1024
 SETUP_FAILED = 125
@@ -66,7 +65,7 @@ class Confinement:
     uid: bool = False
     seccomp: bool = False
     notes: dict[str, str] = field(default_factory=dict)
-    filter: seccomp.Program | None = None
+    filter: seccomp_filter.Program | None = None
     scratch_keep: dict[str, frozenset[str]] = field(default_factory=dict)
     base_address_space: int = 0
     # Without a uid of its own, RLIMIT_NPROC counts every process of the service's user: the
@@ -117,7 +116,7 @@ def _probe(step: Any) -> str | None:
     return None if status == 0 else (why or f"probe exited with status {status}")
 
 
-def _seccomp_probe(program: seccomp.Program) -> None:
+def _seccomp_probe(program: seccomp_filter.Program) -> None:
     iso.no_new_privs()
     program.load()
     try:
@@ -196,7 +195,7 @@ def confine_zygote(cfg: ZygoteConfig) -> Confinement:
     if "seccomp" in wanted:
 
         def load_filter() -> None:
-            program = seccomp.Program(seccomp.build_bpf())
+            program = seccomp_filter.Program(seccomp_filter.build_bpf())
             why = _probe(lambda: _seccomp_probe(program))
             if why:
                 raise RuntimeError(why)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -91,6 +91,29 @@ class ResultCache:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+async def park(getters: deque[asyncio.Future[None]]) -> None:
+    """Wait (cancellably) until a producer calls ``wake`` on ``getters``: how a consumer
+    with nothing to take waits for work without polling."""
+    getter = asyncio.get_running_loop().create_future()
+    getters.append(getter)
+    try:
+        await getter
+    except asyncio.CancelledError:
+        getter.cancel()
+        raise
+
+
+def wake(getters: deque[asyncio.Future[None]], count: int = 1) -> int:
+    """Wake up to ``count`` parked consumers; how many were woken."""
+    woken = 0
+    while woken < count and getters:
+        getter = getters.popleft()
+        if not getter.done():
+            getter.set_result(None)
+            woken += 1
+    return woken
 
 
 class Queue(abc.ABC):

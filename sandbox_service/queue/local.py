@@ -22,8 +22,10 @@ from sandbox_service.queue.base import (
     QueueFull,
     QueueUnavailable,
     ResultCache,
+    park,
     queue_timeout,
     result_for,
+    wake,
 )
 from sandbox_service.settings import Settings
 
@@ -94,8 +96,12 @@ class LocalQueue(Queue):
     def begin_shutdown(self) -> None:
         self._closing = True
 
-    async def depth(self) -> tuple[int, int]:
+    def counts(self) -> tuple[int, int]:
+        """(waiting, running), without awaiting: for gauges read outside the event loop's turn."""
         return len(self._waiting), self._running
+
+    async def depth(self) -> tuple[int, int]:
+        return self.counts()
 
     async def ready(self) -> tuple[bool, str]:
         if self._closing:
@@ -105,12 +111,7 @@ class LocalQueue(Queue):
     # ------------------------------------------------------------- consumer face
 
     def _wake_one(self) -> bool:
-        while self._getters:
-            getter = self._getters.popleft()
-            if not getter.done():
-                getter.set_result(None)
-                return True
-        return False
+        return wake(self._getters) == 1
 
     async def get(self) -> Job | None:
         while True:
@@ -122,13 +123,7 @@ class LocalQueue(Queue):
                 return job
             if self._closed:
                 return None
-            getter = asyncio.get_running_loop().create_future()
-            self._getters.append(getter)
-            try:
-                await getter
-            except asyncio.CancelledError:
-                getter.cancel()
-                raise
+            await park(self._getters)
 
     async def done(self, job: Job, result: ExecuteResult) -> None:
         self._running -= 1

@@ -51,3 +51,14 @@ def test_run_json_and_timeout_exit_code(tmp_path: Path) -> None:
 def test_invalid_setting_is_reported() -> None:
     done = subprocess.run([*CLI, "serve", "--slots", "zero"], capture_output=True, text=True)
     assert done.returncode == 2 and "invalid setting slots" in done.stderr
+
+
+def test_a_preload_that_fails_stops_start_up(tmp_path: Path) -> None:
+    program = tmp_path / "p.py"
+    program.write_text("print(1)\n")
+    done = subprocess.run(
+        [*CLI, "run", str(program), "--preload", "math,no_such_module_here"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "preload failed: no_such_module_here" in done.stderr

@@ -29,14 +29,14 @@ START, END = "<!-- attack-table:start -->", "<!-- attack-table:end -->"
 @dataclass
 class Mode:
     name: str
-    command: list[str] | None
+    python: list[str]
     settings: dict[str, object]
 
 
 def run_mode(mode: Mode) -> tuple[dict[str, str], dict[str, object]]:
     """{attack name: observed outcome}, and the isolation the service reported."""
     log = os.path.join(tempfile.gettempdir(), f"attacks-{mode.name}.log")
-    service = start(log, command=mode.command, slots=2, max_timeout_s=30, **mode.settings)
+    service = start(log, python=mode.python, slots=2, max_timeout_s=30, **mode.settings)
     observed: dict[str, str] = {}
     try:
         with SandboxClient(service.url, retry=Retry(attempts=2), concurrency=1) as client:
@@ -81,13 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--write", help="markdown file whose attack table to replace")
     args = parser.parse_args(argv)
-    modes = [Mode("root, namespaces + seccomp", None, {})]
+    modes = [Mode("root, namespaces + seccomp", [sys.executable], {})]
     if args.nonroot_python:
-        command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
-                   args.nonroot_python, "-m", "sandbox_service.cli", "serve"]  # fmt: skip
+        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
+                     args.nonroot_python]  # fmt: skip
         work_root = tempfile.mkdtemp(prefix="sbx-nonroot-")
         os.chmod(work_root, 0o777)
-        modes.append(Mode("non-root fallback", command, {"work_root": work_root}))
+        modes.append(Mode("non-root fallback", as_nobody, {"work_root": work_root}))
     results = {mode.name: run_mode(mode) for mode in modes}
     text = table(results)
     print(text)

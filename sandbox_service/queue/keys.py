@@ -1,0 +1,79 @@
+"""Every Redis key of the service, in one place: the whole schema reads in one screen.
+
+Nothing else spells a key. With the default prefix ``sandbox`` the job stream is
+``sandbox:jobs`` and its consumer group ``workers``: the Kubernetes manifests (KEDA's
+redis-streams scaler) read those two names, so change them only together.
+
+=============================  ==========  =====================================================
+key                            type        what
+=============================  ==========  =====================================================
+``{p}:jobs``                   stream      chunks of jobs to run; group ``workers`` reads it.
+                                           Entry fields: ``n`` jobs, ``reply`` stream, ``jobs``
+                                           (a JSON list). Settled entries are deleted.
+``{p}:depth``                  string      jobs admitted and not yet settled (waiting+running)
+``{p}:epoch``                  string      random token set once; a new one means Redis lost
+                                           its data (restarted empty): in-flight work is gone
+``{p}:stats``                  hash        ``reclaimed``, ``executions:<status>`` cluster counts
+``{p}:workers``                set         names of workers that sent a heartbeat
+``{p}:worker:<name>``          string      a worker's last heartbeat (JSON), expires when it dies
+``{p}:replies:<node>``         stream      results for the API node ``node`` (field: job key)
+``{p}:result:<id>``            string      stored result of a request ``id`` (expires: TTL)
+``{p}:claim:<id>``             string      job key of the running job with request ``id``
+``{p}:waiters:<id>``           set         reply streams of other API nodes waiting on ``id``
+=============================  ==========  =====================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "sandbox"
+GROUP = "workers"  # the consumer group of the job stream
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = DEFAULT_PREFIX
+
+    @property
+    def jobs(self) -> str:
+        return f"{self.prefix}:jobs"
+
+    @property
+    def depth(self) -> str:
+        return f"{self.prefix}:depth"
+
+    @property
+    def epoch(self) -> str:
+        return f"{self.prefix}:epoch"
+
+    @property
+    def stats(self) -> str:
+        return f"{self.prefix}:stats"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.prefix}:workers"
+
+    def worker(self, name: str) -> str:
+        return f"{self.prefix}:worker:{name}"
+
+    def replies(self, node: str) -> str:
+        return f"{self.prefix}:replies:{node}"
+
+    def result(self, request_id: str) -> str:
+        return f"{self.prefix}:result:{request_id}"
+
+    def claim(self, request_id: str) -> str:
+        return f"{self.prefix}:claim:{request_id}"
+
+    def waiters(self, request_id: str) -> str:
+        return f"{self.prefix}:waiters:{request_id}"
+
+    def of_id(self, request_id: str) -> list[str]:
+        """The three keys of an idempotent request, in the order the scripts expect."""
+        return [self.result(request_id), self.claim(request_id), self.waiters(request_id)]
+
+
+STATS_RECLAIMED = "reclaimed"
+STATS_EXECUTIONS = "executions:"  # + status

@@ -1,0 +1,477 @@
+"""The Redis queue: any number of API nodes and worker nodes on any machines, one Redis.
+
+``RedisQueue`` is the API node's face (the ``Queue`` the routes submit to) and
+``RedisJobSource`` the worker node's (the ``JobSource`` the slot loop takes jobs from). The
+key schema is in ``queue.keys``; the two scripts that change the queue are in
+``queue.scripts``. The choices, and why:
+
+- **Streams, a consumer group, XAUTOCLAIM.** Jobs are entries of one stream
+  (``sandbox:jobs``) read by the group ``workers`` with XREADGROUP. Redis records each
+  delivered entry in the group's pending list until it is acknowledged, so a worker that dies
+  (SIGKILL, machine gone) loses nothing: its entries stay pending, and once they have been
+  idle for ``visibility_timeout_s`` any other worker takes them with XAUTOCLAIM. A list with
+  BLMOVE into per-worker lists would need our own scan of those lists to find the dead; the
+  group keeps that book for us, and KEDA can scale on it. A live worker touches the entries
+  it holds on every heartbeat (XCLAIM ... JUSTID: resets their idle time without counting a
+  delivery), so the visibility timeout bounds how long a dead worker's jobs wait, not how
+  long a job may run.
+- **Chunks.** One entry carries a chunk of up to ``chunk_size`` jobs of one batch; a worker
+  takes a chunk whole (one XREADGROUP), runs its jobs on its slots, and settles it in one
+  script call, pipelined with other chunks that finished meanwhile. A batch is admitted in
+  one script call; an API node reads its results with one blocking XREAD for everything that
+  has arrived. So a batch costs well under one round trip per execution. A worker fetches
+  only while fewer than ``slots`` jobs wait in its hands, so chunks spread across workers.
+- **Acknowledged only once answered.** ``settle`` (one Lua script, atomic) publishes a
+  chunk's results, stores those of requests with an ``id``, acknowledges and deletes the
+  entry, and lowers the depth counter, all together or not at all. The counter moves only if
+  ``XDEL`` removed the entry, so a chunk settled twice (a worker presumed dead finishing after
+  all) cannot count twice.
+- **Bounded executions, poison jobs.** A reclaimed chunk is not run again as a whole: each of
+  its jobs is counted one more attempt (carried in the job itself) and put back alone, so a
+  job that kills its worker every time is isolated from the rest of its chunk, and once it has
+  been handed ``max_attempts`` times to workers that vanished it is answered
+  ``internal_error`` with a message saying so, instead of killing workers forever. A worker
+  holding such a job takes nothing more until it is done, so if it dies too it takes no
+  bystander with it. Attempts are counted per hand-over, not per start: a job merely waiting
+  in a worker that died is charged one too, which is why ``max_attempts`` defaults to 3. The
+  stream's own delivery counter is not used: a job put back alone is a new entry. (A job that
+  crashes only its zygote is retried by the worker loop itself.)
+- **Idempotency by ``id``.** Results of requests with an ``id`` are stored for
+  ``result_ttl_s``; while such a job runs, a claim names its job key, and a re-submission on
+  any API node joins it (its reply stream is added to the job's waiters) instead of running
+  it again. Admission checks the stored result, the claim and the depth in the same script.
+- **Results go back without polling.** Each API node has its own reply stream; one reader
+  task per node waits on it with XREAD BLOCK and resolves the futures of waiting requests
+  (rather than pub/sub, which loses what is published while a node reconnects).
+  Joined requests of other nodes get a copy on their own streams. Results that arrive twice
+  (a reclaimed job that ran twice) are dropped: each request is answered once.
+- **Deadlines.** Every job carries its start-by time (``max_queue_wait_s`` after admission);
+  a worker answers a job it takes too late ``queue_timeout`` without running it, and the API
+  node itself answers chunks no worker has taken by then (removed only if still undelivered,
+  atomically), so this holds with no worker running at all. A job that is never answered
+  (every worker gone, Redis lost it) is answered ``internal_error`` once its start-by time,
+  its timeout, the visibility timeout and a grace period have passed: no request waits for
+  ever.
+- **Backpressure and outages.** ``sandbox:depth`` counts jobs admitted and not settled
+  (waiting plus running), checked at admission: over ``max_queue_depth`` a batch is refused
+  whole (``QueueFull``, HTTP 429 with Retry-After). Redis unreachable: submissions raise
+  ``QueueUnavailable`` (HTTP 503) at once, ``/readyz`` fails, and every loop retries with
+  backoff, so nodes recover on their own. A Redis that came back empty (restarted without
+  persistence) is recognised by ``sandbox:epoch``, a random token set once: an API node that
+  sees it change answers its pending requests ``internal_error`` (they were lost) at once.
+- **Shutdown.** A worker told to stop takes no more jobs, finishes the ones running, settles
+  its chunks (what it had not started goes back on the stream, untouched) and leaves the
+  group. An API node stops admitting, waits for what it has in flight, and after
+  ``graceful_shutdown_s`` answers ``rejected`` (never ran, safe to resend) for its chunks no
+  worker has taken.
+
+What it does not do: exactly-once execution. A worker presumed dead (silent longer than the
+visibility timeout) may still finish; its job then runs twice and the second answer is
+dropped. Executions are side-effect free, so this is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio.client import Pipeline
+from redis.exceptions import ResponseError
+
+from sandbox_service.metrics import Metrics
+from sandbox_service.models import ExecuteRequest, ExecuteResult, Status, WorkerInfo
+from sandbox_service.queue.base import (
+    Job,
+    Queue,
+    QueueFull,
+    QueueUnavailable,
+    queue_timeout,
+    result_for,
+)
+from sandbox_service.queue.keys import GROUP, STATS_EXECUTIONS, STATS_RECLAIMED
+from sandbox_service.queue.redis_link import (
+    BLOCK_MS,
+    RedisLink,
+    Settlement,
+    backoff,
+    encode_job,
+    stop_tasks,
+)
+from sandbox_service.queue.redis_source import RedisJobSource
+from sandbox_service.queue.scripts import ADMIT, SETTLE
+from sandbox_service.settings import Settings
+from sandbox_service.worker import default_name
+
+log = logging.getLogger(__name__)
+
+READ_COUNT = 1000  # reply entries per XREAD
+REPLY_TTL_S = 3600  # and goes away an hour after its API node stopped refreshing it
+SWEEP_S = 0.25  # API node: how often deadlines are checked while requests wait
+IDLE_SWEEP_S = 1.0
+LOST_GRACE_S = 30.0  # beyond timeout + visibility before a job counts as lost
+ORPHANS_MAX = 4096  # results that arrived before (or after) anyone waited for them
+
+# ---------------------------------------------------------------- the API node's face
+
+
+@dataclass(eq=False)
+class Sent:
+    """A chunk this API node queued, until all of its jobs are answered."""
+
+    id: bytes
+    keys: list[str]
+    start_by: float
+    delivered: bool = False  # a worker took it: from now on only workers answer it
+
+
+@dataclass
+class Cluster:
+    """What Redis says about the whole deployment, for ``/v1/status``."""
+
+    depth: int
+    workers: list[WorkerInfo]
+    isolation: dict[str, bool | str]
+    executions: dict[str, int]
+    reclaimed: int
+
+    @property
+    def running(self) -> int:
+        return sum(w.busy for w in self.workers)
+
+
+class RedisQueue(Queue):
+    def __init__(self, settings: Settings, metrics: Metrics, node: str | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.link = RedisLink(settings, metrics)
+        self.keys = self.link.keys
+        self.node = node or f"{default_name()}-{secrets.token_hex(3)}"
+        self.reply = self.keys.replies(self.node)
+        self.cluster_depth = 0  # jobs admitted and not settled, as last read from Redis
+        self._seq = itertools.count()
+        self._waiting: dict[str, Job] = {}  # job key -> a job whose result this node awaits
+        self._sent: dict[bytes, Sent] = {}
+        self._orphans: OrderedDict[str, bytes] = OrderedDict()
+        self._last_id: bytes = b"0-0"
+        self._closing = False
+        self._closed = False
+        self._reject: str | None = None  # set when the grace period is over
+        self._tasks: list[asyncio.Task[None]] = []
+        self._next_lost_check = 0.0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._waiting)
+
+    async def start(self) -> None:
+        try:
+            await self.sweep()
+        except QueueUnavailable as exc:
+            log.warning("%s; this node answers 503 until it is reachable", exc)
+        self._tasks = [
+            asyncio.create_task(self._read_forever(), name="redis-replies"),
+            asyncio.create_task(self._sweep_forever(), name="redis-sweep"),
+        ]
+        log.info("API node %s on Redis %s", self.node, self.link.where)
+
+    # ------------------------------------------------------------- submit
+
+    def _jobs(self, requests: Sequence[ExecuteRequest]) -> tuple[list[Job], list[Job]]:
+        """One job per request, one per distinct id: (jobs in request order, distinct jobs)."""
+        now = time.time()
+        start_by = now + self.settings.max_queue_wait_s
+        by_id: dict[str, Job] = {}
+        jobs = []
+        for request in requests:
+            job = by_id.get(request.id) if request.id is not None else None
+            if job is None:
+                job = Job(request, now, start_by, key=f"{self.node}.{next(self._seq)}")
+                if request.id is not None:
+                    by_id[request.id] = job
+            jobs.append(job)
+        return jobs, list(dict.fromkeys(jobs))
+
+    def _admit_call(self, fresh: list[Job]) -> tuple[list[str], list[Any]]:
+        s = self.settings
+        names = [self.keys.jobs, self.keys.depth, self.keys.epoch]
+        claim_ttl_s = s.max_queue_wait_s + s.max_timeout_s + s.visibility_timeout_s + LOST_GRACE_S
+        args: list[Any] = [
+            s.max_queue_depth,
+            s.chunk_size,
+            self.reply,
+            GROUP,
+            int(claim_ttl_s * 1000),
+            len(fresh),
+            self.link.token,
+        ]
+        for job in fresh:
+            slot = 0
+            if job.request.id is not None:
+                names.extend(self.keys.of_id(job.request.id))
+                slot = (len(names) - 3) // 3
+            args += [job.key, slot, encode_job(job)]
+        return names, args
+
+    async def submit(self, requests: Sequence[ExecuteRequest]) -> list[ExecuteResult]:
+        if self._closing:
+            raise QueueUnavailable("this API node is shutting down and takes no new work")
+        jobs, fresh = self._jobs(requests)
+        try:
+            reply = await self.link.script(ADMIT, *self._admit_call(fresh))
+        except ResponseError as exc:
+            raise QueueUnavailable(f"Redis at {self.link.where} refused the work: {exc}") from exc
+        if self.link.epoch_changed(reply[2]):
+            self._lost_everything()  # before this batch joins the waiting: it is not lost
+        if reply[0] == b"full":
+            depth, wanted = int(reply[1]), int(reply[3])
+            self.cluster_depth = depth
+            s = self.settings
+            raise QueueFull(depth, s.max_queue_depth, wanted, s.retry_after_s)
+        self.cluster_depth = int(reply[1])
+        futures = self._register(fresh, reply)
+        # Shielded: a caller that goes away must not cancel a job another caller joined.
+        return list(await asyncio.gather(*(asyncio.shield(futures[job]) for job in jobs)))
+
+    def _register(self, fresh: list[Job], reply: list[Any]) -> dict[Job, asyncio.Future[Any]]:
+        loop = asyncio.get_running_loop()
+        start_by = fresh[0].start_by
+        sent = [Sent(chunk_id, [], start_by) for chunk_id in reply[3 + 2 * len(fresh) :]]
+        futures: dict[Job, asyncio.Future[Any]] = {}
+        for i, job in enumerate(fresh):
+            kind, value = reply[3 + 2 * i], reply[4 + 2 * i]
+            if kind == b"r":  # a stored result of this id
+                futures[job] = loop.create_future()
+                futures[job].set_result(ExecuteResult.model_validate_json(value))
+                continue
+            if kind == b"j":  # the id is running: wait for that job's result
+                job.key = value.decode()
+            else:
+                sent[int(value) - 1].keys.append(job.key)
+            futures[job] = self._await(job)
+        for chunk in sent:
+            self._sent[chunk.id] = chunk
+        return futures
+
+    def _await(self, job: Job) -> asyncio.Future[ExecuteResult]:
+        joined = self._waiting.get(job.key)
+        if joined is not None and joined.future is not None:
+            return joined.future
+        job.future = asyncio.get_running_loop().create_future()
+        self._waiting[job.key] = job
+        early = self._orphans.pop(job.key, None)
+        if early is not None:
+            self._deliver(job.key, early)
+        return job.future
+
+    # ------------------------------------------------------------- answers
+
+    def _deliver(self, key: str, body: bytes) -> None:
+        job = self._waiting.pop(key, None)
+        if job is None:  # a second answer (dropped), or one that came before its waiter
+            self._orphans[key] = body
+            while len(self._orphans) > ORPHANS_MAX:
+                self._orphans.popitem(last=False)
+            return
+        self._resolve(job, ExecuteResult.model_validate_json(body))
+
+    def _resolve(self, job: Job, result: ExecuteResult) -> None:
+        self.metrics.observe(result)
+        if job.future is not None and not job.future.done():
+            job.future.set_result(result)
+
+    def _answer_here(self, job: Job, status: Status, message: str) -> None:
+        self._waiting.pop(job.key, None)
+        self._resolve(job, result_for(job, status, message))
+
+    async def _read_forever(self) -> None:
+        """The one reader of this node's reply stream: blocks in Redis, never polls."""
+        failures = 0
+        while not self._closed:
+            try:
+                streams = await self.link.call(
+                    "xread", {self.reply: self._last_id}, count=READ_COUNT, block=BLOCK_MS
+                )
+            except (QueueUnavailable, ResponseError) as exc:
+                log.debug("reading replies: %s", exc)
+                await asyncio.sleep(backoff(failures))
+                failures += 1
+                continue
+            failures = 0
+            for _stream, entries in streams or []:
+                for entry_id, fields in entries:
+                    self._last_id = entry_id
+                    for key, body in fields.items():
+                        self._deliver(key.decode(), body)
+
+    # ------------------------------------------------------------- deadlines
+
+    def _open(self, chunk: Sent) -> list[Job]:
+        return [self._waiting[k] for k in chunk.keys if k in self._waiting]
+
+    def _due(self, now: float) -> list[Settlement]:
+        """Chunks no worker has taken whose start-by time passed (or, after the grace
+        period, all of them): answered by this node, if still undelivered when it looks."""
+        due = []
+        for chunk in list(self._sent.values()):
+            open_jobs = self._open(chunk)
+            if not open_jobs:
+                del self._sent[chunk.id]
+            elif not chunk.delivered and (self._reject is not None or chunk.start_by <= now):
+                if self._reject is not None:
+                    results = [(j, result_for(j, Status.rejected, self._reject)) for j in open_jobs]
+                else:
+                    wait = self.settings.max_queue_wait_s
+                    results = [(j, queue_timeout(j, wait)) for j in open_jobs]
+                due.append(
+                    Settlement(
+                        chunk.id, self.reply, len(chunk.keys), results, only_if_undelivered=True
+                    )
+                )
+        return due
+
+    async def sweep(self) -> None:
+        """One round trip: notice a Redis that lost its data, read the depth, keep the reply
+        stream trimmed and alive, and answer chunks whose deadline passed untaken."""
+        due = self._due(time.time())
+        ttl = self.settings.result_ttl_s
+
+        def fill(pipe: Pipeline) -> None:
+            self.link.add_epoch(pipe)
+            pipe.get(self.keys.depth)
+            pipe.xtrim(self.reply, minid=self._last_id, approximate=False)
+            pipe.expire(self.reply, REPLY_TTL_S)
+            for settlement in due:
+                self.link.add_script(pipe, SETTLE, *settlement.call(self.keys, ttl))
+
+        results = await self.link.pipeline(fill)
+        if self.link.epoch_changed(results[0]):
+            self._lost_everything()
+            return
+        self.cluster_depth = int(results[1] or 0)
+        for settlement, outcome in zip(due, results[4:], strict=True):
+            if outcome == -1:
+                self._sent[settlement.chunk_id].delivered = True  # type: ignore[index]
+
+    def _lost_everything(self) -> None:
+        log.error(
+            "Redis at %s lost its data (restarted empty?): answering %d pending "
+            "requests internal_error",
+            self.link.where,
+            len(self._waiting),
+        )
+        message = (
+            f"Redis at {self.link.where} lost the queue (it restarted without its data) while "
+            "this request was pending; it may or may not have run; send it again"
+        )
+        for job in list(self._waiting.values()):
+            self._answer_here(job, Status.internal_error, message)
+        self._sent.clear()
+        self._last_id = b"0-0"
+
+    def _answer_lost(self, now: float) -> None:
+        """No request waits for ever: past every deadline a worker could still meet, the
+        job is answered here (every worker gone, or the queue lost it)."""
+        grace = self.settings.visibility_timeout_s + LOST_GRACE_S
+        for job in list(self._waiting.values()):
+            if now > job.start_by + job.request.timeout_s + grace:
+                self._answer_here(
+                    job,
+                    Status.internal_error,
+                    (
+                        f"no result {grace:g} s after this job's deadline: no worker took it over "
+                        "(are worker nodes running?) or the queue lost it; it may have run"
+                    ),
+                )
+
+    async def _sweep_forever(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(SWEEP_S if self._waiting else IDLE_SWEEP_S)
+            try:
+                await self.sweep()
+            except (QueueUnavailable, ResponseError) as exc:
+                log.debug("sweep: %s", exc)
+            now = time.time()
+            if now >= self._next_lost_check:
+                self._next_lost_check = now + IDLE_SWEEP_S
+                self._answer_lost(now)
+
+    # ------------------------------------------------------------- lifecycle, reports
+
+    def begin_shutdown(self) -> None:
+        self._closing = True
+
+    async def reject_undelivered(self, message: str) -> None:
+        """Grace period over: chunks no worker has taken are answered ``rejected``."""
+        self._reject = message
+        with contextlib.suppress(QueueUnavailable, ResponseError):
+            await self.sweep()
+
+    async def ready(self) -> tuple[bool, str]:
+        if self._closing:
+            return False, "shutting down"
+        try:
+            await self.link.call("ping")
+        except (QueueUnavailable, ResponseError) as exc:
+            return False, str(exc)
+        return True, ""
+
+    async def cluster(self) -> Cluster:
+        k = self.keys
+        depth, names, stats = await self.link.pipeline(
+            lambda p: (p.get(k.depth), p.smembers(k.workers), p.hgetall(k.stats))
+        )
+        ordered = sorted(n.decode() for n in names)
+        beats = await self.link.call("mget", [k.worker(n) for n in ordered]) if ordered else []
+        now, workers = time.time(), []
+        isolation: dict[str, bool | str] = {}
+        for name, beat in zip(ordered, beats, strict=True):
+            if beat is None:  # stopped reporting: gone
+                await self.link.call("srem", k.workers, name)
+                continue
+            info = json.loads(beat)
+            isolation = isolation or info.get("isolation", {})
+            workers.append(
+                WorkerInfo(
+                    name=name,
+                    slots=info["slots"],
+                    busy=info["busy"],
+                    executions=info["executions"],
+                    last_seen_s=round(now - info["at"], 3),
+                )
+            )
+        counts = {k.decode(): int(v) for k, v in stats.items()}
+        executions = {
+            key.removeprefix(STATS_EXECUTIONS): value
+            for key, value in counts.items()
+            if key.startswith(STATS_EXECUTIONS)
+        }
+        return Cluster(
+            int(depth or 0), workers, isolation, executions, counts.get(STATS_RECLAIMED, 0)
+        )
+
+    async def depth(self) -> tuple[int, int]:
+        cluster = await self.cluster()
+        return max(0, cluster.depth - cluster.running), cluster.running
+
+    async def close(self) -> None:
+        self._closing = self._closed = True
+        await stop_tasks(self._tasks)
+        self._tasks = []
+        gone = "the API node stopped before this result arrived; it may still run"
+        for job in list(self._waiting.values()):
+            self._answer_here(job, Status.internal_error, gone)
+        with contextlib.suppress(QueueUnavailable, ResponseError):
+            await self.link.call("delete", self.reply)
+        await self.link.close()
+
+
+__all__ = ["Cluster", "RedisJobSource", "RedisQueue"]

@@ -1,0 +1,249 @@
+"""The connection to Redis and the wire format, shared by API nodes and worker nodes.
+
+``RedisLink`` counts round trips (the figure the benchmark prints), runs the Lua scripts of
+``queue.scripts`` by SHA (loading them again after a Redis restart), and turns an unreachable
+Redis into ``QueueUnavailable``. A job travels as JSON (``WireJob``); a chunk is a JSON list
+of jobs; ``Settlement`` is one call of the settle script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from prometheus_client import Counter
+from pydantic import BaseModel, TypeAdapter
+from redis.asyncio.client import Pipeline
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.maint_notifications import MaintNotificationsConfig
+
+from sandbox_service.metrics import Metrics
+from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
+from sandbox_service.queue.base import Job, QueueUnavailable
+from sandbox_service.queue.keys import GROUP, Keys
+from sandbox_service.queue.scripts import SCRIPTS, Script
+from sandbox_service.settings import Settings
+
+CONNECT_TIMEOUT_S = 2.0
+SOCKET_TIMEOUT_S = 10.0  # above BLOCK_MS, below anything a client would wait for
+MAX_CONNECTIONS = 64  # per node; blocking reads hold one each
+BLOCK_MS = 1000  # blocking reads return this often, so loops notice shutdown
+REPLY_MAXLEN = 100_000  # a reply stream nobody reads any more stays bounded
+BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0)
+NOT_CACHED = (Status.rejected, Status.internal_error)  # as the in-process queue
+
+log = logging.getLogger(__name__)
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, fit for messages."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.rsplit("@", 1)[1]
+    return f"{scheme}{sep}{rest}"
+
+
+def backoff(attempt: int) -> float:
+    return BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
+
+
+async def stop_tasks(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for them to end. Their loops also check a flag of their
+    own, because on Python 3.11 a cancellation that lands just as redis-py finishes a send
+    is swallowed (``asyncio.wait_for``, gh-86296): cancelling again, after the loop's next
+    turn, makes sure."""
+    for _ in range(5):
+        pending = [task for task in tasks if not task.done()]
+        if not pending:
+            break
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=BLOCK_MS / 1000 + 1)
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.error("%s ended with %r", task.get_name(), task.exception())
+
+
+# ---------------------------------------------------------------- the wire
+
+
+class WireJob(BaseModel):
+    key: str
+    request: ExecuteRequest
+    enqueued_at: float
+    start_by: float
+    attempts: int = 0
+
+
+WIRE_JOBS = TypeAdapter(list[WireJob])
+
+
+def encode_job(job: Job) -> str:
+    request = job.request.model_dump_json(exclude_defaults=True)
+    return (
+        f'{{"key":{json.dumps(job.key)},"enqueued_at":{job.enqueued_at!r},'
+        f'"start_by":{job.start_by!r},"attempts":{job.attempts},"request":{request}}}'
+    )
+
+
+def encode_jobs(jobs: Sequence[Job]) -> str:
+    return "[" + ",".join(encode_job(j) for j in jobs) + "]"
+
+
+def decode_jobs(body: bytes) -> list[Job]:
+    return [
+        Job(w.request, w.enqueued_at, w.start_by, attempts=w.attempts, key=w.key)
+        for w in WIRE_JOBS.validate_json(body)
+    ]
+
+
+@dataclass
+class Settlement:
+    """What ``settle`` does to one chunk: answer some jobs, put the others back."""
+
+    chunk_id: bytes | str
+    reply: str
+    n: int  # jobs in the chunk, answered or not
+    results: list[tuple[Job, ExecuteResult]]
+    requeue: list[list[Job]] = field(default_factory=list)
+    only_if_undelivered: bool = False
+    reclaimed: int = 0
+
+    def call(self, keys: Keys, result_ttl_s: float) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of the settle script."""
+        names = [keys.jobs, keys.depth, self.reply]
+        args: list[Any] = [
+            GROUP,
+            self.chunk_id,
+            self.n,
+            int(self.only_if_undelivered),
+            REPLY_MAXLEN,
+            int(result_ttl_s * 1000),
+            len(self.results),
+        ]
+        for job, result in self.results:
+            rid, slot = job.request.id, 0
+            if rid is not None:
+                names.extend(keys.of_id(rid))
+                slot = (len(names) - 3) // 3
+            cache = rid is not None and result_ttl_s > 0 and result.status not in NOT_CACHED
+            args += [job.key, slot, int(cache), result.model_dump_json()]
+        args.append(len(self.requeue))
+        for jobs in self.requeue:
+            args += [len(jobs), encode_jobs(jobs)]
+        return names, args
+
+
+# ---------------------------------------------------------------- the connection
+
+
+class RedisLink:
+    """One node's connection to Redis: counts round trips, runs the scripts, and turns an
+    unreachable Redis into ``QueueUnavailable``. Reconnection is redis-py's: a broken
+    connection is replaced on the next command."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.where = redacted(settings.redis_url)
+        self.keys = Keys(settings.redis_prefix)
+        # Bounded: a burst of requests waits for a connection instead of opening thousands.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            settings.redis_url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=SOCKET_TIMEOUT_S,
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+            socket_timeout=SOCKET_TIMEOUT_S,
+            retry=Retry(NoBackoff(), 1),  # once, at once: a pooled connection may be stale
+            maint_notifications_config=MaintNotificationsConfig(enabled=False),  # Redis 7 OSS
+        )
+        self.client = aioredis.Redis.from_pool(pool)
+        self.round_trips = 0
+        self._round_trips = Counter(
+            "sandbox_redis_round_trips_total",
+            "Round trips to Redis (a pipeline or a script call is one)",
+            registry=metrics.registry,
+        )
+        self.reachable = False
+        self.epoch: bytes | None = None
+        self.token = secrets.token_hex(8).encode()
+
+    def _count(self) -> None:
+        self.round_trips += 1
+        self._round_trips.inc()
+
+    def unavailable(self, exc: BaseException) -> QueueUnavailable:
+        self.reachable = False
+        return QueueUnavailable(
+            f"the queue is unreachable (Redis at {self.where}: {exc}); retry later"
+        )
+
+    async def call(self, command: str, *args: Any, **kwargs: Any) -> Any:
+        """One command. Redis's own refusals (ResponseError) pass through unchanged."""
+        self._count()
+        try:
+            result = await getattr(self.client, command)(*args, **kwargs)
+        except ResponseError:
+            self.reachable = True
+            raise
+        except (RedisError, OSError) as exc:
+            raise self.unavailable(exc) from exc
+        self.reachable = True
+        return result
+
+    async def script(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await self.call("evalsha", script.sha, len(keys), *keys, *args)
+        except NoScriptError:  # Redis restarted since we last loaded it
+            await self.load_scripts()
+            return await self.call("evalsha", script.sha, len(keys), *keys, *args)
+
+    @staticmethod
+    def add_script(pipe: Pipeline, script: Script, keys: list[str], args: list[Any]) -> None:
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
+
+    async def load_scripts(self) -> None:
+        for script in SCRIPTS:
+            await self.call("script_load", script.source)
+
+    async def pipeline(self, fill: Callable[[Pipeline], object]) -> list[Any]:
+        """Commands queued by ``fill``, sent in one round trip (not a transaction). Run again
+        once if a script was missing: every command we pipeline may safely run twice."""
+        for attempt in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            fill(pipe)
+            self._count()
+            try:
+                results = await pipe.execute(raise_on_error=False)
+            except (RedisError, OSError) as exc:
+                raise self.unavailable(exc) from exc
+            self.reachable = True
+            if attempt == 0 and any(isinstance(r, NoScriptError) for r in results):
+                await self.load_scripts()
+                continue
+            for r in results:
+                if isinstance(r, Exception):
+                    raise r
+            return list(results)
+        raise AssertionError("unreachable")
+
+    def add_epoch(self, pipe: Pipeline) -> None:
+        pipe.set(self.keys.epoch, self.token, nx=True, get=True)
+
+    def epoch_changed(self, previous: bytes | None) -> bool:
+        """Given the epoch Redis had before ``add_epoch`` or the admit script set it if
+        missing (None: it was missing): did Redis lose its data since we last looked?"""
+        changed = self.epoch is not None and previous != self.epoch
+        self.epoch = previous if previous is not None else self.token
+        return changed
+
+    async def close(self) -> None:
+        with contextlib.suppress(RedisError, OSError):
+            await self.client.aclose()

@@ -1,0 +1,433 @@
+"""The worker node's face of the Redis queue: the ``JobSource`` its slots take jobs from.
+
+It takes a chunk at a time while fewer jobs than slots wait in its hands, settles each chunk
+once all its jobs are answered (chunks that finish together share one round trip), sends a
+heartbeat that also keeps its chunks from being reclaimed, and takes over the chunks of
+workers that went silent. The design is described in ``queue.redis``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import time
+from collections import Counter as Tally
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio.client import Pipeline
+from redis.exceptions import ResponseError
+from redis.typing import StreamIdT
+
+from sandbox_service.metrics import Metrics
+from sandbox_service.models import ExecuteResult, Status
+from sandbox_service.queue.base import Job, QueueUnavailable, park, result_for, wake
+from sandbox_service.queue.keys import GROUP, STATS_EXECUTIONS, STATS_RECLAIMED
+from sandbox_service.queue.redis_link import (
+    BLOCK_MS,
+    CONNECT_TIMEOUT_S,
+    RedisLink,
+    Settlement,
+    backoff,
+    decode_jobs,
+    stop_tasks,
+)
+from sandbox_service.queue.scripts import SETTLE
+from sandbox_service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+RECLAIM_COUNT = 32  # chunks taken over per heartbeat
+SHUTDOWN_WRITE_S = 10.0  # a stopping worker gives up settling after this (Redis down)
+
+# ---------------------------------------------------------------- the worker node's face
+
+
+@dataclass(eq=False)
+class Held:
+    """A chunk a worker took, until it is settled."""
+
+    id: bytes
+    reply: str
+    jobs: list[Job]
+    results: dict[Job, ExecuteResult] = field(default_factory=dict)
+    running: int = 0
+    settling: bool = False
+
+
+class RedisJobSource:
+    """A worker's ``JobSource``: takes chunks from the stream, hands their jobs to the slots,
+    settles each chunk once all its jobs are answered, reports a heartbeat and takes over
+    the chunks of workers that went silent."""
+
+    def __init__(
+        self, settings: Settings, metrics: Metrics, name: str, burst: bool = False
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.name = name
+        self.burst = burst
+        self.link = RedisLink(settings, metrics)
+        self.keys = self.link.keys
+        self.cluster_depth = 0
+        self.finished = asyncio.Event()  # burst mode: nothing left to take
+        self.describe: Callable[[], dict[str, Any]] = dict
+        self._ready: deque[Job] = deque()  # taken, not yet started
+        self._getters: deque[asyncio.Future[None]] = deque()
+        self._held: dict[bytes, Held] = {}
+        self._chunk_of: dict[Job, Held] = {}
+        self._settling: list[Settlement] = []
+        self._writing = False
+        self._write_wake = asyncio.Event()
+        self._want_more = asyncio.Event()
+        self._taking = True
+        self._closed = False
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    async def start(self, describe: Callable[[], dict[str, Any]]) -> None:
+        self.describe = describe
+        try:
+            await self._ensure_group()
+        except QueueUnavailable as exc:
+            log.warning("%s; retrying", exc)
+        self._tasks = {
+            "fetch": asyncio.create_task(self._fetch_forever(), name="redis-fetch"),
+            "write": asyncio.create_task(self._write_forever(), name="redis-write"),
+            "beat": asyncio.create_task(self._beat_forever(), name="redis-heartbeat"),
+        }
+        log.info("worker %s on Redis %s", self.name, self.link.where)
+
+    async def _ensure_group(self) -> None:
+        try:
+            await self.link.call("xgroup_create", self.keys.jobs, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    @property
+    def ready_to_work(self) -> bool:
+        return self._taking and self.link.reachable
+
+    # ------------------------------------------------------------- JobSource
+
+    async def get(self) -> Job | None:
+        while self._taking:
+            if self._ready:
+                job = self._ready.popleft()
+                self._chunk_of[job].running += 1
+                if len(self._ready) < self.settings.slots:
+                    self._want_more.set()
+                return job
+            self._want_more.set()
+            await park(self._getters)
+        return None
+
+    async def done(self, job: Job, result: ExecuteResult) -> None:
+        held = self._chunk_of.pop(job)
+        held.running -= 1
+        held.results[job] = result
+        self._settle_if_done(held)
+        self._want_more.set()
+
+    async def retry(self, job: Job) -> None:
+        held = self._chunk_of[job]
+        held.running -= 1
+        job.attempts += 1
+        self._ready.appendleft(job)
+        wake(self._getters, 1)
+        self._settle_if_done(held)
+
+    # ------------------------------------------------------------- taking chunks
+
+    async def _fetch_forever(self) -> None:
+        failures = 0
+        while self._taking:
+            if len(self._ready) >= self.settings.slots or self._holding_a_retry():
+                self._want_more.clear()
+                await self._want_more.wait()
+                continue
+            try:
+                streams = await self.link.call(
+                    "xreadgroup",
+                    GROUP,
+                    self.name,
+                    {self.keys.jobs: ">"},
+                    count=1,
+                    block=None if self.burst else BLOCK_MS,
+                )
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                await self._recreate_group(exc)
+                continue
+            except QueueUnavailable as exc:
+                log.debug("taking jobs: %s", exc)
+                await asyncio.sleep(backoff(failures))
+                failures += 1
+                continue
+            failures = 0
+            entries = [entry for _stream, got in streams or [] for entry in got]
+            if entries:
+                self._hold(entries)
+            elif self.burst and not await self._more_in_burst():
+                self.finished.set()
+                return
+
+    def _holding_a_retry(self) -> bool:
+        """A job that was in the hands of a worker that vanished may be what killed it: while
+        one is in ours, take nothing more, so that if it kills us too nothing else is lost
+        with it (and charged an attempt it never had)."""
+        return any(job.attempts > 0 for job in self._chunk_of)
+
+    async def _recreate_group(self, exc: ResponseError) -> None:
+        log.warning("%s: creating the consumer group again (Redis restarted empty?)", exc)
+        with contextlib.suppress(QueueUnavailable):
+            await self._ensure_group()
+
+    async def _more_in_burst(self) -> bool:
+        """Burst mode found the stream empty: is there still something to wait for?"""
+        if self._held:
+            await asyncio.sleep(0.05)
+            return True
+        got = await self.link.call(
+            "xautoclaim",
+            self.keys.jobs,
+            GROUP,
+            self.name,
+            int(self.settings.visibility_timeout_s * 1000),
+            "0-0",
+            count=RECLAIM_COUNT,
+        )
+        return self._reclaim(got[1]) > 0
+
+    def _parse(self, entry_id: bytes, fields: dict[bytes, bytes]) -> tuple[str, list[Job]] | None:
+        """(reply stream, jobs) of a chunk; a malformed one is removed and None returned."""
+        try:
+            return fields[b"reply"].decode(), decode_jobs(fields[b"jobs"])
+        except (KeyError, ValueError) as exc:
+            log.error("removing malformed chunk %r: %s", entry_id, exc)
+            n = int(fields.get(b"n", b"0"))
+            self._queue_settle(Settlement(entry_id, self.keys.replies("nobody"), n, []))
+            return None
+
+    def _hold(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        for entry_id, fields in entries:
+            parsed = self._parse(entry_id, fields)
+            if parsed is None:
+                continue
+            reply, jobs = parsed
+            held = Held(entry_id, reply, jobs)
+            self._held[entry_id] = held
+            for job in jobs:
+                self._chunk_of[job] = held
+            self._ready.extend(jobs)
+            wake(self._getters, len(jobs))
+
+    def _reclaim(self, entries: list[tuple[bytes, dict[bytes, bytes] | None]]) -> int:
+        """Chunks of a silent worker: each job counts one more attempt and goes back alone
+        (so a poison job cannot take its chunk with it), or is answered once it had them all."""
+        taken = 0
+        limit = self.settings.max_attempts
+        for entry_id, fields in entries:
+            parsed = self._parse(entry_id, fields) if fields is not None else None
+            if parsed is None:
+                continue
+            reply, jobs = parsed
+            results, again = [], []
+            for job in jobs:
+                job.attempts += 1
+                if job.attempts >= limit:
+                    result = result_for(
+                        job,
+                        Status.internal_error,
+                        (
+                            f"the worker running this job vanished {job.attempts} times (killed, "
+                            f"or its machine lost); a job that kills its worker is not run again "
+                            f"(max_attempts={limit})"
+                        ),
+                        self.name,
+                    )
+                    self.metrics.observe(result)
+                    results.append((job, result))
+                else:
+                    again.append([job])
+            self._queue_settle(
+                Settlement(entry_id, reply, len(jobs), results, again, reclaimed=len(jobs))
+            )
+            taken += len(jobs)
+        if taken:
+            log.warning(
+                "took over %d jobs of workers silent for %g s",
+                taken,
+                self.settings.visibility_timeout_s,
+            )
+            self.metrics.reclaimed.inc(taken)
+        return taken
+
+    # ------------------------------------------------------------- settling chunks
+
+    def _settle_if_done(self, held: Held) -> None:
+        if held.settling or held.running:
+            return
+        if len(held.results) < len(held.jobs) and self._taking:
+            return
+        held.settling = True
+        unanswered = [job for job in held.jobs if job not in held.results]
+        for job in unanswered:  # only when stopping: they go back untouched
+            self._chunk_of.pop(job, None)
+            with contextlib.suppress(ValueError):
+                self._ready.remove(job)
+        self._queue_settle(
+            Settlement(
+                held.id,
+                held.reply,
+                len(held.jobs),
+                list(held.results.items()),
+                [unanswered] if unanswered else [],
+            )
+        )
+
+    def _queue_settle(self, settlement: Settlement) -> None:
+        self._settling.append(settlement)
+        self._write_wake.set()
+
+    def _fill_settle(self, pipe: Pipeline, batch: list[Settlement]) -> None:
+        statuses: Tally[str] = Tally()
+        reclaimed = 0
+        for settlement in batch:
+            self.link.add_script(
+                pipe, SETTLE, *settlement.call(self.keys, self.settings.result_ttl_s)
+            )
+            statuses.update(result.status.value for _, result in settlement.results)
+            reclaimed += settlement.reclaimed
+        for status, count in statuses.items():
+            pipe.hincrby(self.keys.stats, STATS_EXECUTIONS + status, count)
+        if reclaimed:
+            pipe.hincrby(self.keys.stats, STATS_RECLAIMED, reclaimed)
+
+    async def _write_forever(self) -> None:
+        """Settles what is ready, everything that finished meanwhile in one round trip."""
+        failures = 0
+        while not self._closed:
+            await self._write_wake.wait()
+            self._write_wake.clear()
+            while self._settling:
+                batch, self._settling = self._settling, []
+                self._writing = True
+                try:
+                    await self.link.pipeline(functools.partial(self._fill_settle, batch=batch))
+                except (QueueUnavailable, ResponseError) as exc:
+                    log.warning("settling %d chunks: %s; retrying", len(batch), exc)
+                    self._settling[:0] = batch
+                    await asyncio.sleep(backoff(failures))
+                    failures += 1
+                    continue
+                finally:
+                    self._writing = False
+                failures = 0
+                for settlement in batch:
+                    self._held.pop(settlement.chunk_id, None)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------- heartbeat
+
+    async def _beat_forever(self) -> None:
+        while not self._closed:
+            try:
+                await self.beat()
+            except (QueueUnavailable, ResponseError) as exc:
+                log.debug("heartbeat: %s", exc)
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+
+    async def beat(self) -> None:
+        """One round trip: say we are alive, keep the chunks we hold from being reclaimed,
+        and take over chunks of workers that went silent."""
+        k, s = self.keys, self.settings
+        info = json.dumps({**self.describe(), "at": time.time()})
+        holding: list[StreamIdT] = list(self._held)
+        taking = self._taking
+
+        def fill(pipe: Pipeline) -> None:
+            pipe.set(k.worker(self.name), info, px=int(3 * s.heartbeat_interval_s * 1000) + 1000)
+            pipe.sadd(k.workers, self.name)
+            pipe.get(k.depth)
+            if holding:
+                pipe.xclaim(k.jobs, GROUP, self.name, 0, holding, justid=True)
+            if taking:
+                pipe.xautoclaim(
+                    k.jobs,
+                    GROUP,
+                    self.name,
+                    int(s.visibility_timeout_s * 1000),
+                    "0-0",
+                    count=RECLAIM_COUNT,
+                )
+
+        results = await self.link.pipeline(fill)
+        self.cluster_depth = int(results[2] or 0)
+        if taking and self._taking:
+            # XAUTOCLAIM answers [next id, entries] on Redis 6.2 and [next id, entries,
+            # ids of deleted entries] since 7.0: the entries are [1] on both.
+            self._reclaim(results[-1][1])
+
+    # ------------------------------------------------------------- stopping
+
+    def stop_taking(self) -> None:
+        """Take no new job; chunks settle as their running jobs finish (the rest go back)."""
+        if not self._taking:
+            return
+        self._taking = False
+        self._want_more.set()
+        wake(self._getters, len(self._getters))
+        for held in list(self._held.values()):
+            self._settle_if_done(held)
+
+    async def close(self) -> None:
+        """After the slots stopped: settle everything held, leave the group, disconnect."""
+        self.stop_taking()
+        fetch = self._tasks.get("fetch")
+        if fetch is not None:
+            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(fetch, BLOCK_MS / 1000 + CONNECT_TIMEOUT_S)
+        for held in list(self._held.values()):  # what the last fetch brought in
+            self._settle_if_done(held)
+        deadline = time.monotonic() + SHUTDOWN_WRITE_S
+        while (self._settling or self._writing) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await self.vanish()
+        await self._leave()
+        await self.link.close()
+
+    async def vanish(self) -> None:
+        """Stop every loop at once, settling nothing (what ``close`` does last; tests use
+        it alone to play a worker that died)."""
+        self._closed = True
+        self._taking = False
+        self._write_wake.set()
+        self._want_more.set()
+        await stop_tasks(list(self._tasks.values()))
+
+    async def _leave(self) -> None:
+        if self._held:  # could not settle (Redis down): stay in the group, to be reclaimed
+            log.error(
+                "stopping with %d chunks unsettled; other workers take them over after %g s",
+                len(self._held),
+                self.settings.visibility_timeout_s,
+            )
+            return
+        k = self.keys
+
+        def fill(pipe: Pipeline) -> None:
+            pipe.delete(k.worker(self.name))
+            pipe.srem(k.workers, self.name)
+            pipe.xpending_range(k.jobs, GROUP, "-", "+", 1, consumername=self.name)
+
+        with contextlib.suppress(QueueUnavailable, ResponseError):
+            *_, pending = await self.link.pipeline(fill)
+            # Leaving the group drops what it still lists as ours: only when that is nothing.
+            if not pending:
+                await self.link.call("xgroup_delconsumer", k.jobs, GROUP, self.name)

@@ -1,0 +1,24 @@
+"""A service of the load tests' own, with its own work root; ``launch`` gives it slot uids no
+other service on the machine uses, so the adversarial workload's fork bombs count against no
+one else's process limit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from sandbox_service.launch import ServiceProcess, start
+
+
+@pytest.fixture(scope="session")
+def own_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    base = tmp_path_factory.mktemp("loadtest-svc")
+    svc = start(
+        str(base / "service.log"),
+        slots=2,
+        work_root=str(base / "work"),
+        max_timeout_s=30,
+    )
+    yield svc
+    svc.stop()

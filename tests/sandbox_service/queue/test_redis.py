@@ -1,0 +1,239 @@
+"""The Redis queue in one event loop against a real Redis: both faces, with stand-in workers.
+
+The node processes are tested in ``test_node.py``; here each property of the queue is checked
+directly and fast: order and chunking, round trips, backpressure, deadlines, idempotency,
+taking over from a dead worker, a Redis that lost its data or cannot be reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from sandbox_service.launch import free_port
+from sandbox_service.metrics import Metrics
+from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
+from sandbox_service.queue.base import QueueFull, QueueUnavailable
+from sandbox_service.queue.keys import Keys
+from sandbox_service.queue.redis import RedisJobSource, RedisQueue
+from sandbox_service.settings import Settings
+from tests.sandbox_service.conftest import RedisServer
+
+
+def _settings(redis: RedisServer, prefix: str, **overrides: Any) -> Settings:
+    base: dict[str, Any] = {
+        "redis_url": redis.url, "redis_prefix": prefix, "slots": 2, "chunk_size": 8,
+        "heartbeat_interval_s": 0.1, "visibility_timeout_s": 0.5, "max_queue_wait_s": 30,
+    }  # fmt: skip
+    return Settings(**{**base, **overrides})
+
+
+def _run(main: Callable[[], Awaitable[Any]]) -> Any:
+    return asyncio.run(asyncio.wait_for(main(), 30))
+
+
+async def _echo(source: RedisJobSource, count: int, name: str = "echo") -> None:
+    """A stand-in worker: answers ``count`` jobs with their code as stdout."""
+    for _ in range(count):
+        job = await source.get()
+        assert job is not None
+        await source.done(job, ExecuteResult(id=job.request.id, status=Status.ok,
+                                             stdout=job.request.code, worker=name))  # fmt: skip
+
+
+async def _started(settings: Settings, name: str = "w1") -> RedisJobSource:
+    source = RedisJobSource(settings, Metrics(), name)
+    await source.start(lambda: {"slots": settings.slots, "busy": 0, "executions": 0})
+    return source
+
+
+async def _api(settings: Settings) -> RedisQueue:
+    queue = RedisQueue(settings, Metrics())
+    await queue.start()
+    return queue
+
+
+def test_results_in_order_in_chunks_with_few_round_trips(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    settings = _settings(redis_server, prefix)
+
+    async def main() -> None:
+        queue, source = await _api(settings), await _started(settings)
+        trips = queue.link.round_trips + source.link.round_trips
+        worker = asyncio.create_task(_echo(source, 50))
+        results = await queue.submit([ExecuteRequest(code=str(i)) for i in range(50)])
+        await worker
+        assert [r.stdout for r in results] == [str(i) for i in range(50)]
+        # 7 chunks: one admission, then per chunk at most a fetch, a settle and a read (and
+        # a few heartbeats and sweeps): well under one round trip per execution.
+        spent = queue.link.round_trips + source.link.round_trips - trips
+        assert spent < 0.75 * 50, spent
+        status = await queue.cluster()
+        assert [w.name for w in status.workers] == ["w1"]
+        assert status.executions == {"ok": 50} and status.depth == 0
+        await source.close()
+        await queue.close()
+
+    _run(main)
+
+
+def test_full_queue_refuses_the_whole_batch(redis_server: RedisServer, prefix: str) -> None:
+    settings = _settings(redis_server, prefix, max_queue_depth=5, retry_after_s=3)
+
+    async def main() -> None:
+        queue = await _api(settings)
+        pending = asyncio.create_task(queue.submit([ExecuteRequest(code="a")] * 4))
+        await asyncio.sleep(0.2)
+        with pytest.raises(QueueFull) as info:
+            await queue.submit([ExecuteRequest(code="b")] * 2)
+        assert (info.value.depth, info.value.limit, info.value.retry_after) == (4, 5, 3)
+        assert (await queue.cluster()).depth == 4  # the refused batch left nothing behind
+        source = await _started(settings)
+        await _echo(source, 4)
+        assert [r.stdout for r in await pending] == ["a"] * 4
+        await source.close()
+        await queue.close()
+
+    _run(main)
+
+
+def test_deadline_passes_with_no_worker_at_all(redis_server: RedisServer, prefix: str) -> None:
+    settings = _settings(redis_server, prefix, max_queue_wait_s=0.5)
+
+    async def main() -> None:
+        queue = await _api(settings)
+        started = time.monotonic()
+        results = await queue.submit([ExecuteRequest(code="x")] * 20)
+        assert time.monotonic() - started < 3
+        assert {r.status for r in results} == {Status.queue_timeout}
+        assert "not started within 0.5 s" in results[0].message
+        assert (await queue.cluster()).depth == 0  # answered and removed: no worker runs it
+        await queue.close()
+
+    _run(main)
+
+
+def test_same_id_runs_once_across_api_nodes(redis_server: RedisServer, prefix: str) -> None:
+    settings = _settings(redis_server, prefix)
+
+    async def main() -> None:
+        a, b = await _api(settings), await _api(settings)
+        request = ExecuteRequest(code="once", id="k1")
+        first = asyncio.create_task(a.submit([request, request]))
+        second = asyncio.create_task(b.submit([request]))
+        await asyncio.sleep(0.2)
+        assert (await a.cluster()).depth == 1  # three submissions, one job
+        source = await _started(settings)
+        await _echo(source, 1)
+        assert [r.stdout for r in await first] == ["once", "once"]
+        assert [r.stdout for r in await second] == ["once"]
+        again = await b.submit([request])  # stored: answered with no worker
+        assert again[0].stdout == "once" and (await b.cluster()).executions == {"ok": 1}
+        for closing in (source.close(), a.close(), b.close()):
+            await closing
+
+    _run(main)
+
+
+def test_chunks_of_a_dead_worker_are_taken_over_job_by_job(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    settings = _settings(redis_server, prefix, max_attempts=2, chunk_size=4)
+
+    async def main() -> None:
+        queue = await _api(settings)
+        pending = asyncio.create_task(queue.submit([ExecuteRequest(code=str(i)) for i in range(4)]))
+        dead = await _started(settings, "dead")
+        job = await dead.get()  # it takes the chunk, starts a job, and dies
+        assert job is not None
+        await dead.vanish()
+        survivor = await _started(settings, "survivor")
+        await _echo(survivor, 4, "survivor")
+        results = await pending
+        assert [r.stdout for r in results] == ["0", "1", "2", "3"]
+        assert {r.worker for r in results} == {"survivor"}
+        assert (await queue.cluster()).reclaimed == 4
+        await survivor.close()
+        # A job whose worker vanishes every time: after max_attempts, answered, not run.
+        pending = asyncio.create_task(queue.submit([ExecuteRequest(code="poison")]))
+        doomed = []
+        for name in ("dead2", "dead3"):
+            doomed.append(await _started(settings, name))
+            job = await doomed[-1].get()
+            assert job is not None and job.request.code == "poison"
+            await doomed[-1].vanish()
+        last = await _started(settings, "last")
+        [result] = await pending  # answered by the last worker's heartbeat
+        assert result.status is Status.internal_error
+        assert "vanished 2 times" in result.message and "max_attempts=2" in result.message
+        assert (await queue.cluster()).depth == 0
+        await last.close()
+        await queue.close()
+        for source in (dead, *doomed):
+            await source.link.close()
+
+    _run(main)
+
+
+def test_stopping_worker_hands_back_what_it_had_not_started(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    settings = _settings(redis_server, prefix, visibility_timeout_s=30)
+
+    async def main() -> None:
+        queue = await _api(settings)
+        pending = asyncio.create_task(queue.submit([ExecuteRequest(code=str(i)) for i in range(8)]))
+        leaving = await _started(settings, "leaving")
+        job = await leaving.get()
+        assert job is not None
+        leaving.stop_taking()
+        await leaving.done(job, ExecuteResult(status=Status.ok, stdout=job.request.code))
+        await leaving.close()
+        staying = await _started(settings, "staying")
+        await _echo(staying, 7)  # well before the visibility timeout: handed back, not reclaimed
+        assert [r.stdout for r in await pending] == [str(i) for i in range(8)]
+        status = await queue.cluster()
+        assert status.reclaimed == 0 and [w.name for w in status.workers] == ["staying"]
+        await staying.close()
+        await queue.close()
+
+    _run(main)
+
+
+def test_redis_that_lost_its_data_is_noticed(redis_server: RedisServer, prefix: str) -> None:
+    settings = _settings(redis_server, prefix)
+
+    async def main() -> None:
+        queue = await _api(settings)
+        pending = asyncio.create_task(queue.submit([ExecuteRequest(code="x")] * 3))
+        await asyncio.sleep(0.2)
+        keys = Keys(prefix)
+        await queue.link.client.delete(keys.jobs, keys.depth, keys.epoch)  # as a restart would
+        results = await pending
+        assert {r.status for r in results} == {Status.internal_error}
+        assert "lost the queue" in results[0].message
+        await queue.close()
+
+    _run(main)
+
+
+def test_unreachable_redis_is_an_explicit_error() -> None:
+    settings = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_prefix="none")
+
+    async def main() -> None:
+        queue = RedisQueue(settings, Metrics())
+        await queue.start()
+        started = time.monotonic()
+        with pytest.raises(QueueUnavailable, match="queue is unreachable"):
+            await queue.submit([ExecuteRequest(code="x")])
+        ok, why = await queue.ready()
+        assert not ok and "Redis at redis://127.0.0.1" in why
+        assert time.monotonic() - started < 5
+        await queue.close()
+
+    _run(main)
