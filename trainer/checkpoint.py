@@ -50,7 +50,7 @@ def save_checkpoint(
     state: TrainState,
     rng: random.Random,
     keep: int,
-    model_state: dict[str, torch.Tensor] | None = None,
+    model_state: dict[str, Any] | None = None,
     optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write a checkpoint; ``model_state`` / ``optimizer_state``: gathered full states that

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -102,7 +103,7 @@ def shard_policy(policy: Policy, activation_checkpointing: bool = False) -> Poli
     return Policy(model, policy.tokenizer, policy.device, None)
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def full_state_dict(model: torch.nn.Module) -> dict[str, Any]:
     """The whole model's state on rank 0's CPU (empty on other ranks). A collective."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_model_state_dict(model, options=options)

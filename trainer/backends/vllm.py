@@ -100,8 +100,10 @@ INSTALL = (
     "or set rollout.backend: hf"
 )
 # Variables of the trainer's torchrun group that the engine's own processes must not inherit.
-LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
-LAUNCHER_VARIABLES += ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+LAUNCHER_VARIABLES = (
+    *("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"),
+    *("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"),
+)
 
 
 class VllmMissing(ImportError):

@@ -64,7 +64,8 @@ def warm_policy(steps: int) -> Policy:
     """The tiny model after a short SFT on toy transcripts: it writes tool calls."""
     tokenizer = build_tokenizer(tokenizer_corpus(), SHAPE.vocab_size)
     torch.manual_seed(0)
-    model = build_model(tokenizer, SHAPE).cuda()
+    model = build_model(tokenizer, SHAPE)
+    model.to(torch.device("cuda"))  # type: ignore[arg-type]  # transformers wraps .to
     model.config.use_cache = False  # training forwards, as modeling.load_policy sets it
     policy = Policy(model, tokenizer, torch.device("cuda"), torch.bfloat16)
     sft = SftConfig(enabled=True, toy_direct_share=0.3, steps=steps, batch_size=32, lr=3e-3)
@@ -133,7 +134,9 @@ async def smoke(args: argparse.Namespace, times: dict[str, float]) -> dict[str, 
         [GenerationRequest(prompt, 64)], SamplingParams(temperature=0, stop=(CALL_CLOSE,))
     )
     fixed = prompt + turn.token_ids
-    vllm_before = backend.loop.call(vllm_logprobs(backend, fixed, len(prompt)))
+    loop = backend.loop
+    assert loop is not None  # a colocated backend always hosts its engine
+    vllm_before = loop.call(vllm_logprobs(backend, fixed, len(prompt)))
     trainer_before = trainer_logprobs(policy, fixed, len(prompt))
 
     with start_embedded_service() as url:
@@ -155,7 +158,7 @@ async def smoke(args: argparse.Namespace, times: dict[str, float]) -> dict[str, 
         weight_push_s=metrics["time_push_s"],
     )
 
-    vllm_after = backend.loop.call(vllm_logprobs(backend, fixed, len(prompt)))
+    vllm_after = loop.call(vllm_logprobs(backend, fixed, len(prompt)))
     trainer_after = trainer_logprobs(policy, fixed, len(prompt))
     moved = mean_abs(trainer_after, trainer_before)
     gap_before = mean_abs(vllm_before, trainer_after)
