@@ -6,12 +6,17 @@ and ``trainer.pt`` with the optimizer and schedule, the training state (step, st
 position, stage-3 problem set) and every random generator the run draws from (torch, CUDA, the
 trainer's own). It is written to a temporary name and renamed, so a crash mid-write leaves the
 previous checkpoint as the latest.
+
+A sharded (FSDP) run gathers the model and optimizer state to rank 0 first (``fsdp.py``) and
+passes them in; rank 0 alone writes, and on resume every rank scatters the optimizer state back
+with ``load_optimizer``.
 """
 
 from __future__ import annotations
 
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,16 +50,24 @@ def save_checkpoint(
     state: TrainState,
     rng: random.Random,
     keep: int,
+    model_state: dict[str, Any] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
+    """Write a checkpoint; ``model_state`` / ``optimizer_state``: gathered full states that
+    replace the module's and the optimizer's own (a sharded run's)."""
     root = checkpoint_root(output)
     final = root / f"{PREFIX}{state.step:06d}"
     partial = root / f".partial-{final.name}"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    policy.save(partial / "model")
+    if model_state is None:
+        policy.save(partial / "model")
+    else:
+        policy.model.save_pretrained(partial / "model", state_dict=model_state)
+        policy.tokenizer.save_pretrained(partial / "model")
     torch.save(
         {
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state,
             "schedule": schedule.state_dict(),
             "state": asdict(state),
             "rng": {
@@ -92,11 +105,13 @@ def load_training_state(
     optimizer: torch.optim.Optimizer,
     schedule: torch.optim.lr_scheduler.LRScheduler,
     rng: random.Random,
+    load_optimizer: Callable[[dict[str, Any]], None] | None = None,
 ) -> TrainState:
     """Restore optimizer, schedule and generators from ``path``; the model is loaded from
-    ``path / "model"`` with ``modeling.load_policy`` before the optimizer is built."""
+    ``path / "model"`` with ``modeling.load_policy`` before the optimizer is built.
+    ``load_optimizer`` replaces ``optimizer.load_state_dict`` (a sharded run's)."""
     saved: dict[str, Any] = torch.load(path / "trainer.pt", weights_only=False)
-    optimizer.load_state_dict(saved["optimizer"])
+    (load_optimizer or optimizer.load_state_dict)(saved["optimizer"])
     schedule.load_state_dict(saved["schedule"])
     torch.random.set_rng_state(saved["rng"]["torch"])
     if saved["rng"]["cuda"] is not None and torch.cuda.is_available():

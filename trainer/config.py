@@ -43,6 +43,7 @@ class ModelConfig:
         "auto"  # auto: bf16 autocast on GPUs with it
     )
     gradient_checkpointing: bool = False
+    fsdp: bool = False  # shard with FSDP2 (trainer/fsdp.py); under torchrun, across its ranks
     cpu_threads: int = 0  # torch's intra-op threads on CPU; 0: torch's default
 
 
@@ -70,6 +71,29 @@ class RolloutConfig:
     scheduler: Literal["rounds", "static", "balanced"] = "rounds"
     chunk_tokens: int | None = 1024  # balanced: new tokens per request (trainer/scheduler.py)
     locality_wait_s: float = 2.0  # balanced: wait for the engine holding the prefix, then move
+    backend: Literal["hf", "vllm"] = "hf"  # vllm: the `vllm` section, GPUs and the gpu extra
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """The vLLM rollout engines (``rollout.backend: vllm``; docs/gpu.md has the layouts)."""
+
+    layout: Literal["colocated", "separate"] = "colocated"
+    # colocated: every trainer rank hosts one engine on its own GPU, asleep while it trains;
+    # separate: trainer rank 0 hosts one engine of data_parallel_size replicas on `devices`.
+    devices: str | None = None  # separate: CUDA_VISIBLE_DEVICES of the engine, e.g. "4,5,6,7"
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1  # separate: replicas in the engine, balanced by vLLM itself
+    gpu_memory_utilization: float = 0.5  # of the whole GPU, KV cache included
+    max_model_len: int = 16384
+    enable_prefix_caching: bool = True
+    seed: int = 0  # each rank's engine adds its rank
+    dtype: str = "bfloat16"
+    enforce_eager: bool = False  # no CUDA graphs: faster start, slower decode
+    max_num_seqs: int | None = None  # concurrent sequences per replica; None: vLLM's default
+    sleep_level: int = 0  # colocated: 0 stay awake, 1 offload weights to CPU, 2 discard them
+    bucket_mb: int = 512  # gathered weights held at once during a push
+    nccl_port: int = 29600  # separate: the NCCL weight-transfer rendezvous port on rank 0
 
 
 @dataclass(frozen=True)
@@ -165,6 +189,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     tool: ToolConfig = field(default_factory=ToolConfig)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
     roc: RocConfig = field(default_factory=RocConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

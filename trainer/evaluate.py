@@ -19,13 +19,15 @@ from pathlib import Path
 
 import torch
 
+from trainer.backends.base import GenerationBackend
 from trainer.backends.hf import HFBackend
 from trainer.config import TrainConfig, load_config
 from trainer.modeling import Policy, load_policy
+from trainer.parallel import SINGLE, DataParallel
 from trainer.problems import Problem, load_problems
 from trainer.rollout import RolloutSettings, ToolRunner
 from trainer.sandbox import open_runner
-from trainer.step import Scored, rollout_metrics, rollout_settings, sample_and_score
+from trainer.step import Scored, rollout_metrics, rollout_settings, sample_groups
 from trainer.toy import SHIPPED
 
 TOY = "toy"
@@ -42,13 +44,17 @@ async def correct_counts(
     runner: ToolRunner,
     settings: RolloutSettings,
     config: TrainConfig,
+    backend: GenerationBackend | None = None,
+    dp: DataParallel = SINGLE,
 ) -> tuple[list[int], list[list[Scored]]]:
-    """How many of ``k`` rollouts of each problem were correct (and the rollouts)."""
-    backend = HFBackend(policy.model, policy.tokenizer, config.rollout.max_batch)
+    """How many of ``k`` rollouts of each problem were correct (and the rollouts). Without a
+    ``backend``, transformers generates from ``policy``; with ranks, on every rank alike."""
+    if backend is None:
+        backend = HFBackend(policy.model, policy.tokenizer, config.rollout.max_batch)
     groups: list[list[Scored]] = []
     chunk = max(1, config.rollout.max_batch // k)
     for start in range(0, len(problems), chunk):
-        groups += await sample_and_score(
+        groups += await sample_groups(
             problems[start : start + chunk],
             k,
             policy,
@@ -56,6 +62,7 @@ async def correct_counts(
             runner,
             settings,
             config.rollout.require_answer_tag,
+            dp,
         )
     return [sum(s.reward > 0 for s in g) for g in groups], groups
 

@@ -3,6 +3,11 @@
 The order is the report's: rewards on all ``oversample * G`` rollouts, RoC keeps ``G`` of
 each group (dropping groups with no reward contrast), advantages are normalised within the
 *kept* group, and only the kept rollouts enter the loss.
+
+With several data-parallel ranks (``parallel.DataParallel``) each rank with its own engine
+samples whole groups of its share of the problems, or rank 0 samples them all (a backend that
+is not ``per_rank``); every rank then holds every group, runs the same RoC with the same
+generator, and takes its share of the update.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from trainer.chat import prompt_text
 from trainer.config import TrainConfig
 from trainer.grpo import ClipSettings, group_advantages
 from trainer.modeling import Policy
+from trainer.parallel import SINGLE, DataParallel
 from trainer.problems import Problem
 from trainer.reward import reward
 from trainer.roc import RocSettings, resample_on_correct
@@ -71,6 +77,31 @@ async def sample_and_score(
             ]
         )
     return groups
+
+
+async def sample_groups(
+    problems: Sequence[Problem],
+    per_problem: int,
+    policy: Policy,
+    backend: GenerationBackend,
+    runner: ToolRunner,
+    settings: RolloutSettings,
+    require_answer_tag: bool,
+    dp: DataParallel = SINGLE,
+) -> list[list[Scored]]:
+    """``sample_and_score`` on every rank's engine (or rank 0's), the groups on every rank."""
+
+    async def sample(chosen: Sequence[Problem]) -> list[list[Scored]]:
+        return await sample_and_score(
+            chosen, per_problem, policy, backend, runner, settings, require_answer_tag
+        )
+
+    if not dp.distributed:
+        return await sample(problems)
+    if backend.per_rank:
+        return dp.gather_shares(await sample(dp.share(problems)))
+    groups = await sample(problems) if dp.rank == 0 else None
+    return dp.broadcast(groups) or []
 
 
 def rollout_settings(
@@ -169,13 +200,23 @@ async def rl_step(
     rollout: RolloutSettings,
     rng: random.Random,
     reference: Policy | None = None,
+    dp: DataParallel = SINGLE,
 ) -> tuple[dict[str, float], list[list[Scored]]]:
-    """One step on ``problems``; the step's metrics and every scored rollout (for logging)."""
+    """One step on ``problems``; the step's metrics and every scored rollout (for logging).
+    With several ranks, every rank calls it with the same problems and ``rng`` state."""
     start = time.monotonic()
     per_problem = config.rollout.group_size * config.rollout.oversample
-    groups = await sample_and_score(
-        problems, per_problem, policy, backend, runner, rollout, config.rollout.require_answer_tag
+    groups = await sample_groups(
+        problems,
+        per_problem,
+        policy,
+        backend,
+        runner,
+        rollout,
+        config.rollout.require_answer_tag,
+        dp,
     )
+    backend.offload()
     rolled = time.monotonic()
     kept, metrics = select(groups, config, rng)
     metrics.update(rollout_metrics([s for g in groups for s in g]))
@@ -183,19 +224,21 @@ async def rl_step(
     metrics.update(advantage_metrics(samples))
     if samples:
         metrics.update(
-            grpo_update(policy, optimizer, samples, update_settings(config), rng, reference)
+            grpo_update(policy, optimizer, samples, update_settings(config), rng, reference, dp)
         )
-        backend.update_weights(policy.model)
     else:  # every group was all-right or all-wrong: nothing to learn from this step
         metrics.update(
             dict.fromkeys(("loss", "clip_frac", "approx_kl", "entropy", "grad_norm"), 0.0)
         )
+    updated = time.monotonic()
+    backend.update_weights(policy.model, changed=bool(samples))
+    metrics["time_push_s"] = time.monotonic() - updated
     metrics["updated"] = float(bool(samples))
     metrics["reward_kept_mean"] = sum(s.reward for g in kept for s in g) / max(
         1, sum(len(g) for g in kept)
     )
     metrics["time_rollout_s"] = rolled - start
-    metrics["time_update_s"] = time.monotonic() - rolled
+    metrics["time_update_s"] = updated - rolled
     return metrics, groups
 
 

@@ -1,7 +1,12 @@
-"""GRPO-RoC training: optional SFT warm start, then the RL stages, on one process.
+"""GRPO-RoC training: optional SFT warm start, then the RL stages, on one process or many.
 
     python -m trainer.train --config trainer/configs/tiny_cpu.yaml --output runs/tiny \\
         [--sandbox-url http://host:8000 | subprocess] [--set optim.lr=2e-6 ...] [--max-steps N]
+    torchrun --nproc-per-node 8 -m trainer.train --config ... --set model.fsdp=true \\
+        --set rollout.backend=vllm ...                     # GPUs: docs/gpu.md
+
+With ``model.fsdp`` the policy is sharded with FSDP2 across the ``torchrun`` ranks (or one
+process); every rank runs the same steps, rank 0 alone writes metrics and checkpoints.
 
 Without ``--sandbox-url`` (or ``tool.sandbox_url``) an embedded sandbox service is started for
 the run. ``OUTPUT/metrics.jsonl`` gets one line per RL step; ``OUTPUT/config.yaml`` the
@@ -24,12 +29,14 @@ import torch
 import yaml
 from tqdm import tqdm
 
+from trainer.backends.base import GenerationBackend
 from trainer.backends.hf import HFBackend
 from trainer.checkpoint import TrainState, latest_checkpoint, load_training_state, save_checkpoint
 from trainer.config import StageConfig, TrainConfig, load_config, save_config
 from trainer.evaluate import correct_counts, problems_of
 from trainer.modeling import Policy, load_policy
 from trainer.optim import build_optimizer
+from trainer.parallel import SINGLE, DataParallel
 from trainer.problems import Problem, ProblemSampler, hard_problems
 from trainer.rollout import RolloutSettings, ToolRunner
 from trainer.sandbox import open_runner
@@ -52,6 +59,8 @@ async def stage_problems(
     policy: Policy,
     runner: ToolRunner,
     config: TrainConfig,
+    backend: GenerationBackend | None = None,
+    dp: DataParallel = SINGLE,
 ) -> list[Problem]:
     """The stage's problem set: all of them, or (``hard_only``) those the current policy does
     not solve in every one of ``hard_filter_samples`` rollouts. Chosen once per stage and kept
@@ -62,7 +71,7 @@ async def stage_problems(
         candidates = problems[: stage.hard_filter_max_problems]
         settings = stage_rollout_settings(config, stage)
         counts, _ = await correct_counts(
-            candidates, stage.hard_filter_samples, policy, runner, settings, config
+            candidates, stage.hard_filter_samples, policy, runner, settings, config, backend, dp
         )
         state.stage_problem_ids = [
             p.id for p in hard_problems(candidates, counts, stage.hard_filter_samples)
@@ -81,35 +90,95 @@ def warm_start(policy: Policy, config: TrainConfig, output: Path, progress: bool
     (output / "sft" / "sft_summary.json").write_text(json.dumps(summary))
 
 
+def check_parallel(config: TrainConfig, dp: DataParallel) -> None:
+    """Refuse what a sharded run cannot do (yet)."""
+    if config.sft.enabled:
+        raise ValueError("sft.enabled with model.fsdp: run python -m trainer.sft first")
+    if not dp.distributed:
+        return
+    if config.rollout.backend == "hf":
+        raise ValueError("rollout.backend hf cannot generate from a model sharded over ranks")
+    if config.loss.kl_coef > 0:
+        raise ValueError("kl_coef > 0 (a reference policy) runs on one process only, for now")
+
+
 class Trainer:
     """The state of one run between steps; ``run`` drives it."""
 
     def __init__(self, config: TrainConfig, output: Path, resume: bool, progress: bool) -> None:
-        self.config, self.output, self.progress = config, output, progress
+        self.dp = SINGLE
+        if config.model.fsdp:
+            from trainer.fsdp import init_distributed
+
+            self.dp = init_distributed(
+                config.model.device if config.model.device != "auto" else None
+            )
+            check_parallel(config, self.dp)
+        self.writer = self.dp.rank == 0
+        self.config, self.output, self.progress = config, output, progress and self.writer
         output.mkdir(parents=True, exist_ok=True)
-        save_config(config, output / "config.yaml")
+        if self.writer:
+            save_config(config, output / "config.yaml")
         torch.manual_seed(config.seed)
         self.rng = random.Random(config.seed)
         checkpoint = latest_checkpoint(output) if resume else None
         model_path = checkpoint / "model" if checkpoint else None
         self.policy = load_policy(config.model, model_path, seed=config.seed)
+        load_optimizer = None
+        if config.model.fsdp:
+            from trainer import fsdp
+
+            self.policy = fsdp.shard_policy(self.policy)  # checkpointing: set by load_policy
         self.optimizer, self.schedule = build_optimizer(self.policy.model, config.optim)
+        if config.model.fsdp:
+            model, optimizer = self.policy.model, self.optimizer
+            load_optimizer = lambda state: fsdp.load_full_optimizer_state(model, optimizer, state)  # noqa: E731
         self.state = TrainState()
         if checkpoint is not None:
-            self.state = load_training_state(checkpoint, self.optimizer, self.schedule, self.rng)
+            self.state = load_training_state(
+                checkpoint, self.optimizer, self.schedule, self.rng, load_optimizer
+            )
         self.problems = problems_of(config.data.train)
         self.reference: Policy | None = None
 
-    def save(self) -> Path:
-        return save_checkpoint(
-            self.output,
-            self.policy,
-            self.optimizer,
-            self.schedule,
-            self.state,
-            self.rng,
-            self.config.checkpoint.keep,
-        )
+    def save(self) -> Path | None:
+        states: dict[str, Any] = {}
+        if self.config.model.fsdp:  # gathered by every rank, written by rank 0
+            from trainer import fsdp
+
+            states["model_state"] = fsdp.full_state_dict(self.policy.model)
+            states["optimizer_state"] = fsdp.full_optimizer_state(self.policy.model, self.optimizer)
+        path = None
+        if self.writer:
+            path = save_checkpoint(
+                self.output,
+                self.policy,
+                self.optimizer,
+                self.schedule,
+                self.state,
+                self.rng,
+                self.config.checkpoint.keep,
+                **states,
+            )
+        if self.dp.distributed:
+            torch.distributed.barrier()
+        return path
+
+    def make_backend(self) -> GenerationBackend:
+        """The configured generation backend; vLLM engines start from the current policy."""
+        config = self.config
+        if config.rollout.backend == "hf":
+            return HFBackend(self.policy.model, self.policy.tokenizer, config.rollout.max_batch)
+        from trainer.backends.vllm import VLLMBackend
+
+        path = self.output / "rollout_model"
+        if config.model.fsdp:
+            from trainer.fsdp import save_pretrained
+
+            save_pretrained(self.policy, path, self.dp)
+        else:
+            self.policy.save(path)
+        return VLLMBackend(config.vllm, str(path), self.dp)
 
     async def run(self, runner: ToolRunner, max_steps: int | None) -> list[dict[str, Any]]:
         config, state = self.config, self.state
@@ -119,7 +188,7 @@ class Trainer:
         if config.loss.kl_coef > 0:
             self.reference = copy.deepcopy(self.policy)
             self.reference.model.requires_grad_(False)
-        backend = HFBackend(self.policy.model, self.policy.tokenizer, config.rollout.max_batch)
+        backend = self.make_backend()
         history: list[dict[str, Any]] = []
         bar = tqdm(
             total=config.total_steps, initial=state.step, desc="grpo-roc", disable=not self.progress
@@ -142,13 +211,15 @@ class Trainer:
         self,
         stage: StageConfig,
         runner: ToolRunner,
-        backend: HFBackend,
+        backend: GenerationBackend,
         log: TextIO,
         bar: tqdm,
         budget: int | None,
     ) -> list[dict[str, Any]]:
         config, state = self.config, self.state
-        problems = await stage_problems(stage, self.problems, state, self.policy, runner, config)
+        problems = await stage_problems(
+            stage, self.problems, state, self.policy, runner, config, backend, self.dp
+        )
         if not problems:
             tqdm.write(f"stage {stage.name}: no problem left that the policy does not always solve")
             state.stage_step = stage.steps
@@ -172,6 +243,7 @@ class Trainer:
                 settings,
                 self.rng,
                 self.reference,
+                self.dp,
             )
             lr = self.schedule.get_last_lr()[0]
             if metrics["updated"]:  # warm-up counts optimizer updates, not skipped steps
@@ -182,14 +254,19 @@ class Trainer:
                 sampler.state_dict(),
             )
             line = {"step": state.step, "stage": stage.name, "lr": lr, **metrics}
-            log.write(json.dumps(line) + "\n")
-            log.flush()
+            if self.writer:
+                log.write(json.dumps(line) + "\n")
+                log.flush()
             history.append(line)
             bar.update(1)
             bar.set_postfix(
                 reward=f"{metrics['reward_mean']:.3f}", calls=int(metrics["tool_calls"])
             )
-            if config.logging.sample_every and state.step % config.logging.sample_every == 0:
+            if (
+                self.writer
+                and config.logging.sample_every
+                and not state.step % config.logging.sample_every
+            ):
                 tqdm.write(self.policy.tokenizer.decode(groups[0][0].rollout.response_ids))
             if config.checkpoint.every and state.step % config.checkpoint.every == 0:
                 self.save()

@@ -14,6 +14,13 @@ Given the kept rollouts of an RL step (token ids, loss masks, advantages):
 4. Gradients are clipped by global norm, then AdamW steps.
 
 Metrics are means over every kept (mask 1) token of the step.
+
+Data parallel (FSDP, ``parallel.DataParallel``): every rank holds all the samples, computes
+old logprobs for and trains on its share of them (dealt out longest first), and
+weights its tokens by the token count of the *whole* mini-batch; FSDP sums the gradients
+(``fsdp.shard_policy`` sets the divide factor to 1), so the update is one process's. A sharded
+forward is a collective, so ranks with fewer micro-batches run empty ones (one pad token pair,
+weight 0) until all have run as many.
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ from trainer.grpo import (
     token_logprobs,
 )
 from trainer.modeling import Policy
+from trainer.parallel import SINGLE, DataParallel
+
+SUMMED = ("loss", "clip_frac", "approx_kl", "entropy", "ratio_mean")  # added up over ranks
 
 
 @dataclass(frozen=True)
@@ -113,25 +123,67 @@ def forward(policy: Policy, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tens
     return token_logprobs(logits, batch.targets), logits
 
 
-def micro_batches(
-    policy: Policy, samples: Sequence[Sample], rows: Sequence[int], token_budget: int
-) -> Iterator[MicroBatch]:
+def rank_rows(samples: Sequence[Sample], rows: Sequence[int], dp: DataParallel) -> list[int]:
+    """The rows of ``rows`` that rank ``dp.rank`` owns. All the samples are dealt out to the
+    ranks longest first, once: the rank that computes a sample's old logprobs trains on it."""
+    if not dp.distributed:
+        return list(rows)
+    ordered = sorted(range(len(samples)), key=lambda i: -len(samples[i].token_ids))
+    mine = set(ordered[dp.rank :: dp.world])
+    return [i for i in rows if i in mine]
+
+
+def _packs(samples: Sequence[Sample], rows: Sequence[int], token_budget: int) -> list[list[int]]:
     lengths = [len(samples[i].token_ids) for i in rows]
-    for group in pack_micro_batches(lengths, token_budget):
-        yield collate(
-            samples, [rows[j] for j in group], policy.tokenizer.pad_token_id, policy.device
-        )
+    return [[rows[j] for j in group] for group in pack_micro_batches(lengths, token_budget)]
+
+
+def micro_batches(
+    policy: Policy,
+    samples: Sequence[Sample],
+    rows: Sequence[int],
+    token_budget: int,
+    dp: DataParallel = SINGLE,
+) -> Iterator[MicroBatch]:
+    """This rank's micro-batches of ``rows``; as many on every rank (empty ones pad)."""
+    mine = _packs(samples, rank_rows(samples, rows, dp), token_budget)
+    most = len(mine)
+    if dp.distributed:  # every rank can count every rank's packs: all hold all samples
+        shares = [rank_rows(samples, rows, DataParallel(r, dp.world)) for r in range(dp.world)]
+        most = max(len(_packs(samples, share, token_budget)) for share in shares)
+    pad = policy.tokenizer.pad_token_id
+    for group in mine:
+        yield collate(samples, group, pad, policy.device)
+    for _ in range(most - len(mine)):
+        yield _empty_batch(pad, policy.device)
+
+
+def _empty_batch(pad_id: int, device: torch.device) -> MicroBatch:
+    """One pair of pad tokens, trained on with weight 0: keeps a rank in step with the rest."""
+    ids = torch.full((1, 2), pad_id, dtype=torch.long)
+    return MicroBatch(
+        rows=[],
+        input_ids=ids.to(device),
+        attention_mask=torch.ones_like(ids).to(device),
+        targets=ids[:, 1:].to(device),
+        mask=torch.zeros((1, 1), dtype=torch.float32, device=device),
+        advantages=torch.zeros(1, dtype=torch.float32, device=device),
+    )
 
 
 @torch.no_grad()
 def sequence_logprobs(
-    policy: Policy, samples: Sequence[Sample], token_budget: int
+    policy: Policy,
+    samples: Sequence[Sample],
+    token_budget: int,
+    dp: DataParallel = SINGLE,
 ) -> list[torch.Tensor]:
-    """Per sample, log p(token t+1 | tokens <= t) under the current weights: (len - 1,) each."""
+    """Per sample, log p(token t+1 | tokens <= t) under the current weights: (len - 1,) each.
+    With several ranks, only this rank's samples are computed (the others stay empty)."""
     was_training = policy.model.training
     policy.model.eval()  # no dropout: these are the reference numbers of the ratio
     out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
-    for batch in micro_batches(policy, samples, range(len(samples)), token_budget):
+    for batch in micro_batches(policy, samples, range(len(samples)), token_budget, dp):
         logprobs, _ = forward(policy, batch)
         for r, i in enumerate(batch.rows):
             out[i] = logprobs[r, : len(samples[i].token_ids) - 1].float()
@@ -139,13 +191,12 @@ def sequence_logprobs(
     return out
 
 
-def _pad_rows(
-    values: list[torch.Tensor], rows: list[int], width: int, device: torch.device
-) -> torch.Tensor:
-    out = torch.zeros((len(rows), width), dtype=torch.float32)
-    for r, i in enumerate(rows):
+def _pad_rows(values: list[torch.Tensor], batch: MicroBatch) -> torch.Tensor:
+    """Per-sample values laid out as ``batch.targets`` (B, T), zeros past each end."""
+    out = torch.zeros(batch.targets.shape, dtype=torch.float32)
+    for r, i in enumerate(batch.rows):
         out[r, : values[i].shape[0]] = values[i]
-    return out.to(device)
+    return out.to(batch.targets.device)
 
 
 @dataclass(frozen=True)
@@ -174,15 +225,18 @@ def grpo_update(
     settings: UpdateSettings,
     rng: random.Random,
     reference: Policy | None = None,
+    dp: DataParallel = SINGLE,
 ) -> dict[str, float]:
-    """Update ``policy`` on ``samples``; returns the update's metrics."""
+    """Update ``policy`` on ``samples``; returns the update's metrics. With several ranks
+    (``dp``) every rank passes the same samples and the same ``rng`` state."""
     ref = None
+    budget = settings.micro_batch_tokens
     if settings.kl_coef > 0:
         if reference is None:
             raise ValueError("kl_coef > 0 needs a reference policy")
-        ref = sequence_logprobs(reference, samples, settings.micro_batch_tokens)
+        ref = sequence_logprobs(reference, samples, budget, dp)
     kept = torch.tensor([sum(s.loss_mask[1:]) for s in samples], dtype=torch.float32)
-    before = _Before(sequence_logprobs(policy, samples, settings.micro_batch_tokens), ref, kept)
+    before = _Before(sequence_logprobs(policy, samples, budget, dp), ref, kept)
     totals = _Totals()
     for _ in range(settings.epochs):
         order = list(range(len(samples)))
@@ -190,11 +244,12 @@ def grpo_update(
         for m in range(settings.mini_batches):
             rows = order[m :: settings.mini_batches]
             if rows:
-                _optimizer_step(policy, optimizer, samples, rows, before, settings, totals)
+                _optimizer_step(policy, optimizer, samples, rows, before, settings, totals, dp)
     n_tokens = float(kept.sum()) * settings.epochs
     steps = max(1.0, totals.sums.pop("optimizer_steps", 1.0))
-    metrics = {k: v / max(n_tokens, 1.0) for k, v in totals.sums.items() if k != "grad_norm"}
-    metrics["loss"] = totals.sums.get("loss", 0.0) / steps
+    summed = dp.all_reduce_sum([totals.sums.get(k, 0.0) for k in SUMMED], policy.device)
+    metrics = {k: v / max(n_tokens, 1.0) for k, v in zip(SUMMED, summed, strict=True)}
+    metrics["loss"] = summed[0] / steps
     metrics["grad_norm"] = totals.sums.get("grad_norm", 0.0) / steps
     metrics["trained_tokens"] = float(kept.sum())
     return metrics
@@ -208,21 +263,24 @@ def _optimizer_step(
     before: _Before,
     settings: UpdateSettings,
     totals: _Totals,
+    dp: DataParallel,
 ) -> None:
-    scales = sequence_scales(before.kept[rows], settings.aggregation)  # (N,) for this mini-batch
+    # (N,) over the whole mini-batch, on every rank: the weights do not depend on the sharding.
+    scales = sequence_scales(before.kept[rows], settings.aggregation)
     scale_of = dict(zip(rows, scales.tolist(), strict=True))
     optimizer.zero_grad(set_to_none=True)
     loss_total = 0.0
-    for batch in micro_batches(policy, samples, rows, settings.micro_batch_tokens):
-        width = batch.targets.shape[1]
-        old_lp = _pad_rows(before.old, batch.rows, width, policy.device)  # (B, T)
-        scale = torch.tensor([scale_of[i] for i in batch.rows], device=policy.device)  # (B,)
+    for batch in micro_batches(policy, samples, rows, settings.micro_batch_tokens, dp):
+        old_lp = _pad_rows(before.old, batch)  # (B, T)
+        scale = torch.tensor(
+            [scale_of[i] for i in batch.rows] or [0.0], device=policy.device
+        )  # (B,); an empty batch's one row weighs 0
         weights = batch.mask * scale.unsqueeze(-1)  # (B, T)
         logprobs, logits = forward(policy, batch)  # (B, T), (B, T, V)
         pg = clipped_policy_loss(logprobs, old_lp, batch.advantages, settings.clip)
         token_loss = pg.loss  # (B, T)
         if before.ref is not None:
-            ref_lp = _pad_rows(before.ref, batch.rows, width, policy.device)  # (B, T)
+            ref_lp = _pad_rows(before.ref, batch)  # (B, T)
             token_loss = token_loss + settings.kl_coef * k3_kl(logprobs, ref_lp)
         if settings.entropy_coef > 0:
             token_loss = token_loss - settings.entropy_coef * entropy_from_logits(logits)
@@ -236,6 +294,8 @@ def _optimizer_step(
             totals.add("entropy", (entropy_from_logits(logits.detach()) * mask).sum())
             totals.add("ratio_mean", (pg.ratio * mask).sum())
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), settings.grad_clip)
+    if hasattr(grad_norm, "full_tensor"):  # sharded parameters: a DTensor, the same on all ranks
+        grad_norm = grad_norm.full_tensor()
     optimizer.step()
     totals.add("loss", loss_total)
     totals.add("grad_norm", grad_norm)

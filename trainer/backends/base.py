@@ -5,7 +5,8 @@ policy is trained on is exactly what it generated. Stop strings end a generation
 string kept (``</tool_call>``, so the call is complete in the transcript); so does the
 end-of-sequence token. The interface is async because a serving engine (vLLM) generates for
 many requests while the caller waits on others; ``update_weights`` is where such an engine
-receives the policy after each optimizer step. An engine with a KV cache can also report its
+receives the policy after each optimizer step, and ``offload`` where it makes room for the
+update on a GPU it shares with the trainer. An engine with a KV cache can also report its
 free capacity to the rollout scheduler (``trainer.scheduler.ReportsKvCapacity``).
 """
 
@@ -56,11 +57,21 @@ class GenerationBackend(ABC):
     # scheduler gathers the turns that are ready into the next call.
     continuous_batching: bool = False
 
+    # True: every data-parallel rank has its own backend and generates its share of a step;
+    # False: only rank 0's generates, and the other ranks receive its rollouts.
+    per_rank: bool = True
+
     @abstractmethod
     async def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
     ) -> list[Generation]:
         """One generation per request, in order."""
 
-    def update_weights(self, model: torch.nn.Module) -> None:  # noqa: B027 - optional hook
-        """Receive the policy's new weights; a backend that shares the module needs nothing."""
+    def offload(self) -> None:  # noqa: B027 - optional hook
+        """The step's rollouts are done: free what the update needs (an engine sharing the
+        GPU with the trainer sleeps). The next ``update_weights`` or ``generate`` wakes it."""
+
+    def update_weights(self, model: torch.nn.Module, changed: bool = True) -> None:  # noqa: B027
+        """Called after every step, on every rank: receive the policy's weights if they
+        ``changed`` (and whatever an offloaded engine lost). A backend that shares the module
+        needs nothing."""

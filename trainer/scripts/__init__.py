@@ -1,0 +1,1 @@
+"""Scripts run by hand: the GPU smoke test (gpu_smoke.sh)."""

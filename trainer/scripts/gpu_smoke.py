@@ -1,0 +1,206 @@
+"""The GPU smoke test: vLLM rollouts with real tool calls, one FSDP GRPO-RoC step, a weight push.
+
+    python -m trainer.scripts.gpu_smoke [--prompts 32] [--sleep-level 2]   # or gpu_smoke.sh
+
+One GPU, nothing downloaded. It builds a tiny Qwen2 (head size 64, which every vLLM attention
+backend supports) and the toy task's tokenizer, teaches it the tool format by a short SFT,
+starts the embedded sandbox service and a colocated vLLM engine (level-2 sleep by default,
+the case where a missed push would go unnoticed), then:
+
+1. scores a fixed continuation with vLLM (prompt logprobs) and with the trainer;
+2. runs one GRPO-RoC step: vLLM rollouts whose tool calls execute in the service, RoC, an FSDP
+   update (world size 1, bf16 compute, activation checkpointing), the engine asleep meanwhile,
+   then the bucketed weight push and the wake-up;
+3. scores the continuation again: vLLM's logprobs must have moved to the trainer's new ones.
+
+Prints one JSON line of timings and checks; exits 1 if a check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.backends.base import GenerationRequest, SamplingParams
+from trainer.backends.vllm import VLLMBackend
+from trainer.config import SftConfig, TinyModelConfig, VllmConfig, load_config
+from trainer.fsdp import init_distributed, shard_policy
+from trainer.modeling import Policy
+from trainer.optim import build_optimizer
+from trainer.sandbox import SandboxRunner, start_embedded_service
+from trainer.sft import load_conversations, run_sft
+from trainer.step import prompt_ids, rl_step, rollout_settings
+from trainer.tiny import build_model, build_tokenizer
+from trainer.tools import CALL_CLOSE
+from trainer.toy import tokenizer_corpus, toy_problems
+from trainer.update import Sample, sequence_logprobs
+
+SHAPE = TinyModelConfig(
+    vocab_size=1024, hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4
+)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--prompts", type=int, default=32, help="problems in the RL step")
+    parser.add_argument("--group", type=int, default=8, help="G; 2G rollouts a problem")
+    parser.add_argument("--sft-steps", type=int, default=400)
+    parser.add_argument("--sleep-level", type=int, default=2, choices=(0, 1, 2))
+    parser.add_argument("--memory", type=float, default=0.3, help="vLLM's GPU memory fraction")
+    parser.add_argument("--output", default=None, help="where the model is written (temp dir)")
+    return parser.parse_args(argv)
+
+
+def warm_policy(steps: int) -> Policy:
+    """The tiny model after a short SFT on toy transcripts: it writes tool calls."""
+    tokenizer = build_tokenizer(tokenizer_corpus(), SHAPE.vocab_size)
+    torch.manual_seed(0)
+    model = build_model(tokenizer, SHAPE)
+    model.to(torch.device("cuda"))  # type: ignore[arg-type]  # transformers wraps .to
+    model.config.use_cache = False  # training forwards, as modeling.load_policy sets it
+    policy = Policy(model, tokenizer, torch.device("cuda"), torch.bfloat16)
+    sft = SftConfig(enabled=True, toy_direct_share=0.3, steps=steps, batch_size=32, lr=3e-3)
+    run_sft(policy, load_conversations(sft), sft, progress=False)
+    return policy
+
+
+async def vllm_logprobs(backend: VLLMBackend, ids: list[int], start: int) -> list[float]:
+    """vLLM's log p(ids[t] | ids[:t]) for t >= start, as prompt logprobs."""
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm import TokensPrompt
+
+    params = VllmSamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+    final = None
+    async for output in backend.engine.generate(
+        TokensPrompt(prompt_token_ids=ids), params, f"score-{time.monotonic_ns()}"
+    ):
+        final = output
+    assert final is not None and final.prompt_logprobs is not None
+    return [final.prompt_logprobs[t][ids[t]].logprob for t in range(start, len(ids))]
+
+
+def trainer_logprobs(policy: Policy, ids: list[int], start: int) -> list[float]:
+    [logprobs] = sequence_logprobs(policy, [Sample(ids, [1] * len(ids), 0.0)], 1 << 16)
+    return logprobs[start - 1 :].tolist()  # logprobs[t - 1] is log p(ids[t] | ids[:t])
+
+
+def mean_abs(a: list[float], b: list[float]) -> float:
+    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / max(1, len(a))
+
+
+async def smoke(args: argparse.Namespace, times: dict[str, float]) -> dict[str, Any]:
+    start = time.monotonic()
+    dp = init_distributed("cuda")
+    policy = warm_policy(args.sft_steps)
+    times["sft_s"] = time.monotonic() - start
+    model_dir = Path(args.output or tempfile.mkdtemp(prefix="gpu-smoke-")) / "model"
+    policy.save(model_dir)
+
+    start = time.monotonic()
+    engine = VllmConfig(
+        gpu_memory_utilization=args.memory,
+        max_model_len=2048,
+        enforce_eager=True,  # no torch.compile or CUDA graphs: seconds to start, not minutes
+        sleep_level=args.sleep_level,
+        bucket_mb=1,  # many buckets, to exercise the bucketing on a tiny model
+    )
+    backend = VLLMBackend(engine, str(model_dir), dp)
+    times["engine_start_s"] = time.monotonic() - start
+
+    policy = shard_policy(policy, activation_checkpointing=True)
+    config = load_config(
+        None,
+        {
+            "rollout": {"group_size": args.group, "oversample": 2, "max_turns": 4},
+            "optim": {"lr": 1e-3, "warmup_steps": 1, "weight_decay": 0.0},
+            "tool": {"timeout_s": 5, "memory_mb": 512},
+        },
+    )
+    optimizer, _ = build_optimizer(policy.model, config.optim)
+    problems = toy_problems(args.prompts, seed=123)
+
+    # A fixed continuation: the engine's first turn on the first problem, greedy.
+    prompt = prompt_ids(policy, problems[0])
+    [turn] = await backend.generate(
+        [GenerationRequest(prompt, 64)], SamplingParams(temperature=0, stop=(CALL_CLOSE,))
+    )
+    fixed = prompt + turn.token_ids
+    loop = backend.loop
+    assert loop is not None  # a colocated backend always hosts its engine
+    vllm_before = loop.call(vllm_logprobs(backend, fixed, len(prompt)))
+    trainer_before = trainer_logprobs(policy, fixed, len(prompt))
+
+    with start_embedded_service() as url:
+        async with SandboxRunner(url) as runner:
+            settings = rollout_settings(config, 4, 256)
+            for _attempt in range(3):  # a step whose groups all tie updates nothing: retry
+                metrics, groups = await rl_step(
+                    problems, policy, optimizer, backend, runner, config, settings, random.Random(0)
+                )
+                if metrics["updated"]:
+                    break
+    rollouts = [s.rollout for g in groups for s in g]
+    model_tokens = sum(sum(r.loss_mask) for r in rollouts)
+    times.update(
+        rollout_s=metrics["time_rollout_s"],
+        rollout_tokens_per_s=model_tokens / metrics["time_rollout_s"],
+        tool_calls_per_s=metrics["tool_calls"] / metrics["time_rollout_s"],
+        update_s=metrics["time_update_s"],
+        weight_push_s=metrics["time_push_s"],
+    )
+
+    vllm_after = loop.call(vllm_logprobs(backend, fixed, len(prompt)))
+    trainer_after = trainer_logprobs(policy, fixed, len(prompt))
+    moved = mean_abs(trainer_after, trainer_before)
+    gap_before = mean_abs(vllm_before, trainer_after)
+    gap_after = mean_abs(vllm_after, trainer_after)
+    checks = {
+        "tool_calls": metrics["tool_calls"] > 0,
+        "tool_calls_ran_ok": metrics["tool_error_rate"] < 1.0,
+        "stopped_at_tool_call": any(r.model_turns[0].endswith(CALL_CLOSE) for r in rollouts),
+        "updated": bool(metrics["updated"]),
+        "engine_matched_trainer_before": mean_abs(vllm_before, trainer_before) < 0.1,
+        "trainer_moved": moved > 0.01,
+        "engine_moved_to_trainer": gap_after < gap_before and gap_after < 0.1 + 0.25 * moved,
+    }
+    backend.close()
+    torch.distributed.destroy_process_group()
+    return {
+        "checks": checks,
+        "rollouts": len(rollouts),
+        "tool_calls": metrics["tool_calls"],
+        "tool_error_rate": metrics["tool_error_rate"],
+        "reward_mean": metrics["reward_mean"],
+        "logprob_shift_trainer": moved,
+        "engine_gap_before_push": gap_before,
+        "engine_gap_after_push": gap_after,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_smoke needs a CUDA GPU")
+    times: dict[str, float] = {}
+    start = time.monotonic()
+    result = asyncio.run(smoke(args, times))
+    times["total_s"] = time.monotonic() - start
+    print(json.dumps({"times": {k: round(v, 3) for k, v in times.items()}, **result}))
+    failed = [name for name, ok in result["checks"].items() if not ok]
+    if failed:
+        print(f"FAILED: {', '.join(failed)}", file=sys.stderr)
+        sys.exit(1)
+    print("gpu smoke: all checks passed")
+
+
+if __name__ == "__main__":
+    main()
