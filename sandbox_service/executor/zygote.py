@@ -15,6 +15,7 @@ private /tmp (the working directory) and /dev/shm are emptied after every execut
 
 from __future__ import annotations
 
+import base64
 import gc
 import json
 import math
@@ -231,8 +232,6 @@ def preload(modules: list[str], warmup: str) -> list[str]:
 
 
 def _write_files(files: dict[str, str]) -> None:
-    import base64
-
     for path, data in files.items():
         directory = os.path.dirname(path)
         if directory:
@@ -280,7 +279,9 @@ class Zygote:
     def _workdir(self) -> str:
         if self.conf.mount:
             return "/tmp"
-        path = os.path.join(self.cfg.work_root, f"slot-{self.cfg.slot}", f"run-{self.runs}")
+        # The zygote's pid in the name: what a predecessor could not remove never collides.
+        name = f"run-{self.pid}-{self.runs}"
+        path = os.path.join(self.cfg.work_root, f"slot-{self.cfg.slot}", name)
         os.makedirs(path, mode=0o700)
         if self.conf.uid and self.cfg.uid is not None:
             os.chown(path, self.cfg.uid, self.cfg.gid if self.cfg.gid is not None else self.cfg.uid)
@@ -398,7 +399,11 @@ def main(argv: list[str]) -> None:
     conf = confine_zygote(cfg)
     failed = preload(cfg.preload, cfg.warmup)
     if not conf.mount:
-        os.makedirs(os.path.join(cfg.work_root, f"slot-{cfg.slot}"), mode=0o711, exist_ok=True)
+        # A predecessor killed mid-run (SIGKILL, OOM) left its run directory behind, and ours
+        # start from run-0 again: the slot's directory is ours alone, so empty it first.
+        slot_dir = os.path.join(cfg.work_root, f"slot-{cfg.slot}")
+        shutil.rmtree(slot_dir, ignore_errors=True)
+        os.makedirs(slot_dir, mode=0o711, exist_ok=True)
     os.environ.clear()
     os.environ.update(runner.environment("/tmp" if conf.mount else cfg.work_root))
     gc.collect()

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 from sandbox_service.client import SandboxClient
+from sandbox_service.launch import start
 from sandbox_service.models import Status
 
 
@@ -46,3 +50,33 @@ def test_execution_on_a_dying_zygote_is_retried(client: SandboxClient) -> None:
     assert [r.status for r in results] == [Status.ok, Status.ok]
     assert all(r.stdout == "survived\n" for r in results)
     _wait_for_restart(client, 1, victim.pid)
+
+
+def test_zygote_killed_mid_run_without_mount_namespace_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    """Without the mount layer each run has a directory under work_root: the one a killed
+    zygote held must neither break its successor nor stay behind."""
+    # Slot uids must reach their run directories: not under pytest's root-only tmp_path.
+    work_root = Path(tempfile.mkdtemp(prefix="sbx-slot-test-"))
+    work_root.chmod(0o711)
+    svc = start(str(tmp_path / "service.log"), slots=1, preload="math", warmup="",
+                work_root=str(work_root), disable_isolation="mount")  # fmt: skip
+    try:
+        with SandboxClient(svc.url) as client:
+            victim = client.status().slots[0].pid
+            assert victim is not None
+            slow = threading.Thread(
+                target=lambda: client.execute("import time; time.sleep(30)", timeout_s=3)
+            )
+            slow.start()
+            time.sleep(1.0)
+            assert list((work_root / "slot-0").iterdir()), "the run directory should exist"
+            os.kill(victim, signal.SIGKILL)
+            slow.join(60)
+            results = client.execute_batch(["print('next')"] * 3)
+            assert [r.stdout for r in results] == ["next\n"] * 3, results[0].message
+            assert list((work_root / "slot-0").iterdir()) == []
+    finally:
+        svc.stop()
+        shutil.rmtree(work_root, ignore_errors=True)
