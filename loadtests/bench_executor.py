@@ -30,15 +30,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import httpx
 
+from loadtests.cluster import Cluster
 from sandbox_service.client import AsyncSandboxClient
 from sandbox_service.executor.pool import SlotPool
-from sandbox_service.launch import RedisServer, ServiceProcess, launch, start
+from sandbox_service.launch import ServiceProcess, launch
 from sandbox_service.models import ExecuteRequest, Status
 from sandbox_service.settings import Settings
 
@@ -157,32 +158,14 @@ def _round_trips(nodes: list[ServiceProcess]) -> float:
     return total
 
 
-@contextlib.contextmanager
-def redis_mode(settings: Settings, logs: str) -> Iterator[list[ServiceProcess]]:
-    """1 API node and 2 worker nodes (half the slots each) on a throwaway redis-server;
-    yields [api, worker, worker]."""
-    redis = RedisServer(logs)
-    redis.start()
-    nodes: list[ServiceProcess] = []
-    try:
-        nodes.append(start(os.path.join(logs, "api.log"), command=("api",), redis_url=redis.url))
-        for i in range(2):
-            nodes.append(start(
-                os.path.join(logs, f"worker-{i}.log"), command=("worker",),
-                port_setting="worker_metrics_port", slots=max(1, settings.slots // 2),
-                worker_name=f"bench-{i}", redis_url=redis.url,
-                uid_base=settings.uid_base + (i + 1) * settings.slots,  # no shared uids
-            ))  # fmt: skip
-        yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
-        redis.stop()
+def redis_mode(settings: Settings, logs: str) -> Cluster:
+    """1 API node and 2 worker nodes (half the slots each) on a throwaway redis-server."""
+    return Cluster(logs, api_nodes=1, workers=2, slots=max(1, settings.slots // 2))
 
 
-def bench_redis(nodes: list[ServiceProcess], workload: str, n: int, batch: int
-                ) -> tuple[Figure, float]:  # fmt: skip
+def bench_redis(cluster: Cluster, workload: str, n: int, batch: int) -> tuple[Figure, float]:
     """One workload through Redis mode; (figure, Redis round trips per execution)."""
+    nodes = [node.process for node in cluster.nodes if node.process is not None]
     before = [0.0]
 
     def warm() -> None:
@@ -267,18 +250,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"service logs in {logs}", flush=True)
     with contextlib.ExitStack() as stack:
         service = stack.enter_context(launch(log_path=os.path.join(logs, "service.log")))
-        nodes = stack.enter_context(redis_mode(settings, logs)) if "redis" in modes else []
+        cluster = stack.enter_context(redis_mode(settings, logs)) if "redis" in modes else None
         for workload, count in sizes.items():
             figures.append(asyncio.run(bench_service(service.url, workload, count, args.batch)))
             print(_table(figures[-1:]).splitlines()[-1], flush=True)
-            if nodes:
-                figure, trips[workload] = bench_redis(nodes, workload, count, args.batch)
+            if cluster is not None:
+                figure, trips[workload] = bench_redis(cluster, workload, count, args.batch)
                 figures.append(figure)
                 print(_table(figures[-1:]).splitlines()[-1], flush=True)
         figures.append(asyncio.run(bench_service_latency(service.url, min(n, 500))))
         print(_table(figures[-1:]).splitlines()[-1], flush=True)
-        if nodes:
-            single = bench_service_latency(nodes[0].url, min(n, 500), "redis-single")
+        if cluster is not None:
+            single = bench_service_latency(cluster.urls[0], min(n, 500), "redis-single")
             figures.append(asyncio.run(single))
             print(_table(figures[-1:]).splitlines()[-1], flush=True)
         isolation = asyncio.run(_isolation(service.url))

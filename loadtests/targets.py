@@ -87,8 +87,14 @@ def _refused(response: httpx.Response, count: int) -> list[dict[str, Any]]:
 
 
 class HttpTarget:
+    """``url``: one service, or several API nodes of one deployment separated by commas, over
+    which the lanes are spread evenly."""
+
     def __init__(self, url: str, label: str = "service", timeout_s: float = 900.0) -> None:
-        self.url = url.rstrip("/")
+        self.urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
+        if not self.urls:
+            raise ValueError(f"no URL in {url!r}")
+        self.url = self.urls[0]
         self.label = label
         self.timeout = httpx.Timeout(timeout_s, connect=60.0, pool=None)
         self.retries: Counter[str] = Counter()
@@ -97,19 +103,21 @@ class HttpTarget:
     async def open(self, lanes: int) -> None:
         per = min(lanes, CONNECTIONS_PER_CLIENT)
         limits = httpx.Limits(max_connections=per, max_keepalive_connections=per)
-        count = -(-lanes // per)
+        count = max(-(-lanes // per), len(self.urls))
         tls = ssl.create_default_context()  # one for all clients: each costs time and memory
         self._clients = [
-            httpx.AsyncClient(base_url=self.url, timeout=self.timeout, limits=limits, verify=tls)
-            for _ in range(count)
-        ]
+            httpx.AsyncClient(base_url=self.urls[i % len(self.urls)], timeout=self.timeout,
+                              limits=limits, verify=tls)
+            for i in range(count)
+        ]  # fmt: skip
 
     async def close(self) -> None:
         await asyncio.gather(*(c.aclose() for c in self._clients))
         self._clients = []
 
     async def send(self, items: list[Item], lane: int, give_up_at: float) -> Reply:
-        client = self._clients[(lane // CONNECTIONS_PER_CLIENT) % len(self._clients)]
+        # Round robin: each client holds at most ``per`` lanes, and lanes spread over the URLs.
+        client = self._clients[lane % len(self._clients)]
         if len(items) == 1:
             path, body = "/v1/execute", orjson.dumps(items[0].request)
         else:

@@ -75,6 +75,7 @@ def start(
     command: Sequence[str] = ("serve",),
     port_setting: str = "port",
     python: Sequence[str] = (sys.executable,),
+    port: int | None = None,
     **settings: Any,
 ) -> ServiceProcess:
     """Start ``sandbox-service serve`` with ``settings`` (names of Settings fields).
@@ -82,8 +83,9 @@ def start(
     Another ``command`` (``("api",)``, ``("worker", "--burst")``) starts another kind of node;
     ``port_setting`` names the setting that holds the port its ``/readyz`` answers on (a
     worker node's is ``worker_metrics_port``). ``python`` is the interpreter, possibly behind
-    a wrapper (``setpriv ... /other/python`` runs the service as another user)."""
-    port = free_port()
+    a wrapper (``setpriv ... /other/python`` runs the service as another user). ``port``: a
+    free one unless given (a node restarted in the place of one that died)."""
+    port = port or free_port()
     # Slot uids unique to this service: a zygote kills every process of its uid when it
     # starts, so two services on one machine (parallel test runs) must not share them.
     settings.setdefault("uid_base", 100_000 + port * 64)

@@ -268,6 +268,14 @@ def child(req: dict[str, Any], cfg: ZygoteConfig, conf: Confinement, pipes: supe
     runner.main(req["code"], req.get("mode", "script"), workdir)
 
 
+def slot_dir(cfg: ZygoteConfig) -> str:
+    """This slot's directory under work_root when there is no private /tmp. Several services
+    may share a host and a work_root: named by the slot's uid (no two live services share
+    one) or, without one, by the service's pid."""
+    name = f"slot-{cfg.uid}" if cfg.uid is not None else f"slot-{os.getppid()}-{cfg.slot}"
+    return os.path.join(cfg.work_root, name)
+
+
 class Zygote:
     def __init__(self, cfg: ZygoteConfig, conf: Confinement) -> None:
         self.cfg = cfg
@@ -281,7 +289,7 @@ class Zygote:
             return "/tmp"
         # The zygote's pid in the name: what a predecessor could not remove never collides.
         name = f"run-{self.pid}-{self.runs}"
-        path = os.path.join(self.cfg.work_root, f"slot-{self.cfg.slot}", name)
+        path = os.path.join(slot_dir(self.cfg), name)
         os.makedirs(path, mode=0o700)
         if self.conf.uid and self.cfg.uid is not None:
             os.chown(path, self.cfg.uid, self.cfg.gid if self.cfg.gid is not None else self.cfg.uid)
@@ -401,9 +409,8 @@ def main(argv: list[str]) -> None:
     if not conf.mount:
         # A predecessor killed mid-run (SIGKILL, OOM) left its run directory behind, and ours
         # start from run-0 again: the slot's directory is ours alone, so empty it first.
-        slot_dir = os.path.join(cfg.work_root, f"slot-{cfg.slot}")
-        shutil.rmtree(slot_dir, ignore_errors=True)
-        os.makedirs(slot_dir, mode=0o711, exist_ok=True)
+        shutil.rmtree(slot_dir(cfg), ignore_errors=True)
+        os.makedirs(slot_dir(cfg), mode=0o711, exist_ok=True)
     os.environ.clear()
     os.environ.update(runner.environment("/tmp" if conf.mount else cfg.work_root))
     gc.collect()

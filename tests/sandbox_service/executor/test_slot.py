@@ -71,12 +71,14 @@ def test_zygote_killed_mid_run_without_mount_namespace_leaves_nothing_behind(
             )
             slow.start()
             time.sleep(1.0)
-            assert list((work_root / "slot-0").iterdir()), "the run directory should exist"
+            [slot_dir] = work_root.iterdir()
+            assert list(slot_dir.iterdir()), "the run directory should exist"
             os.kill(victim, signal.SIGKILL)
             slow.join(60)
             results = client.execute_batch(["print('next')"] * 3)
             assert [r.stdout for r in results] == ["next\n"] * 3, results[0].message
-            assert list((work_root / "slot-0").iterdir()) == []
+            assert list(work_root.iterdir()) == [slot_dir]
+            assert list(slot_dir.iterdir()) == []
     finally:
         svc.stop()
         shutil.rmtree(work_root, ignore_errors=True)

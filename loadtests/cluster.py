@@ -1,0 +1,120 @@
+"""A Redis-mode deployment on this machine, for load and fault runs: a throwaway Redis, API
+nodes and worker nodes, each a real ``sandbox-service`` process on its own loopback port.
+
+Every node can be killed (SIGKILL, as a crash) and started again in its place: an API node on
+its old port, so clients that knew it find it again; a worker node under its old name and
+name. Slot uids follow each node's port (``launch.start``), so no two live workers share one
+(a zygote kills every process of its uid when it starts). All nodes share ``settings``
+(names of Settings fields).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandbox_service.launch import RedisServer, ServiceProcess, start
+
+
+@dataclass
+class Node:
+    kind: str  # "api" or "worker"
+    name: str
+    settings: dict[str, Any]
+    process: ServiceProcess | None = None
+    restarts: int = 0
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.process.pid
+
+
+@dataclass
+class Cluster:
+    directory: str
+    api_nodes: int = 1
+    workers: int = 1
+    slots: int = 1
+    settings: dict[str, Any] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    redis: RedisServer = field(init=False)
+    nodes: list[Node] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.api_nodes < 1 or self.workers < 1 or self.slots < 1:
+            raise ValueError("a cluster needs at least one API node, one worker, one slot")
+        self.redis = RedisServer(self.directory)
+        common = {**self.settings, "redis_url": self.redis.url}
+        for i in range(self.api_nodes):
+            self.nodes.append(Node("api", f"api-{i}", {**common}))
+        for i in range(self.workers):
+            settings = {**common, "slots": self.slots, "worker_name": f"worker-{i}"}
+            self.nodes.append(Node("worker", f"worker-{i}", settings))
+
+    @property
+    def apis(self) -> list[Node]:
+        return [n for n in self.nodes if n.kind == "api"]
+
+    @property
+    def worker_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.kind == "worker"]
+
+    @property
+    def urls(self) -> list[str]:
+        return [n.process.url for n in self.apis if n.process is not None]
+
+    @property
+    def pids(self) -> list[int]:
+        """API nodes first, then workers: what ``procwatch.Watcher`` samples."""
+        return [n.pid for n in self.nodes if n.process is not None]
+
+    def start(self) -> None:
+        self.redis.start()
+        with concurrent.futures.ThreadPoolExecutor(len(self.nodes)) as pool:
+            list(pool.map(self.start_node, self.nodes))
+
+    def start_node(self, node: Node) -> None:
+        """Start (or start again) one node; an API node keeps the port it had."""
+        port = "worker_metrics_port" if node.kind == "worker" else "port"
+        again = node.process.port if node.process is not None and node.kind == "api" else None
+        log = os.path.join(self.directory, f"{node.name}.log")
+        node.process = start(log, command=(node.kind,), port_setting=port, port=again,
+                             extra_env=self.extra_env, **node.settings)  # fmt: skip
+
+    def kill(self, node: Node) -> None:
+        """SIGKILL the node, as a crash: what it held is left for the others to recover."""
+        assert node.process is not None
+        if node.process.process.poll() is None:
+            node.process.process.send_signal(signal.SIGKILL)
+            node.process.process.wait()
+
+    def restart(self, node: Node) -> None:
+        self.kill(node)
+        node.restarts += 1
+        self.start_node(node)
+
+    def restart_redis(self) -> None:
+        """Kill Redis and start an empty one on the same port (it keeps nothing on disk)."""
+        self.redis.stop()
+        self.redis.start()
+
+    def stop(self) -> None:
+        for node in reversed(self.nodes):
+            if node.process is not None:
+                node.process.stop(timeout_s=30)
+        self.redis.stop()
+
+    def __enter__(self) -> Cluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
