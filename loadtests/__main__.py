@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from loadtests import report
+from loadtests.cluster import Cluster
 from loadtests.generator import Plan, Run, measure
 from loadtests.procwatch import Watcher, listening_pid
 from loadtests.targets import HttpTarget, NaiveTarget, Target
@@ -44,9 +45,24 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--url", help="a running service, e.g. http://127.0.0.1:8000")
+    where.add_argument("--url", help="a running service, e.g. http://127.0.0.1:8000; several "
+                       "API nodes of one deployment separated by commas")  # fmt: skip
     where.add_argument("--launch", action="store_true", help="start an embedded service")
-    p.add_argument("--slots", type=int, default=None, help="--launch: slots (default: CPUs)")
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=None,
+        help="--launch: slots (per worker node with --redis-workers; default: CPUs)",
+    )
+    p.add_argument(
+        "--redis-workers",
+        type=int,
+        default=0,
+        metavar="M",
+        help="--launch: Redis mode, a throwaway redis-server and M worker nodes",
+    )
+    p.add_argument("--api-nodes", type=int, default=1,
+                   help="--launch --redis-workers: API nodes; lanes spread over them")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="--launch: a service setting, e.g. max_queue_depth=200000")  # fmt: skip
     p.add_argument("--workload", default="trivial",
@@ -106,14 +122,31 @@ def service(args: argparse.Namespace, out_dir: str) -> Iterator[tuple[str, list[
         work_root, tmp = os.path.join(scratch, "work"), os.path.join(scratch, "tmp")
         os.makedirs(tmp)
         settings = settings_of(args, work_root)
+        scratch_dirs = [*args.scratch_dir, work_root, tmp]
+        if args.redis_workers:
+            slots = settings.pop("slots", None) or max(
+                1, (os.cpu_count() or 1) // args.redis_workers
+            )
+            print(f"starting Redis mode: {args.api_nodes} API node(s), {args.redis_workers} "
+                  f"worker node(s) of {slots} slot(s) ({settings}); logs: {out_dir}",
+                  file=sys.stderr)  # fmt: skip
+            with Cluster(out_dir, args.api_nodes, args.redis_workers, slots, settings,
+                         {"TMPDIR": tmp}) as cluster:  # fmt: skip
+                yield ",".join(cluster.urls), cluster.pids, scratch_dirs
+            return
         log = os.path.join(out_dir, "service.log")
         print(f"starting an embedded service ({settings}); log: {log}", file=sys.stderr)
         with launch(log_path=log, extra_env={"TMPDIR": tmp}, **settings) as svc:
-            yield svc.url, [svc.process.pid], [*args.scratch_dir, settings["work_root"], tmp]
+            yield svc.url, [svc.process.pid], scratch_dirs
+
+
+def first(url: str) -> str:
+    """The first of several API nodes' URLs (comma-separated): where status is asked."""
+    return url.split(",")[0].strip()
 
 
 def local_pid(url: str) -> int | None:
-    parts = urlsplit(url)
+    parts = urlsplit(first(url))
     if parts.hostname not in LOOPBACK:
         return None
     return listening_pid(parts.port or 80)
@@ -127,12 +160,12 @@ def watcher_for(
         print(f"not sampling the server of {url}: no local PID (give --server-pid)",
               file=sys.stderr)  # fmt: skip
         return None
-    return Watcher(pids or [found], url, scratch, args.sample_interval)
+    return Watcher(pids or [found], first(url), scratch, args.sample_interval)
 
 
 def service_status(url: str) -> dict[str, Any]:
     try:
-        data = httpx.get(f"{url.rstrip('/')}/v1/status", timeout=10).json()
+        data = httpx.get(f"{first(url).rstrip('/')}/v1/status", timeout=10).json()
     except (httpx.HTTPError, ValueError) as exc:
         return {"error": repr(exc)}
     keep = ("mode", "isolation", "zygote", "limits", "workers")
@@ -147,7 +180,7 @@ async def one_run(
     watcher: Watcher | None,
     name: str,
 ) -> Run:
-    port = (urlsplit(name).port or 80) if name.startswith("http") else 0
+    port = (urlsplit(first(name)).port or 80) if name.startswith("http") else 0
     ctx = Context(port=port)
     if args.warmup:
         warm = Plan(args.warmup, min(plan.concurrency, 16), min(plan.batch, 16), 120, 60)

@@ -80,3 +80,19 @@ def test_launch_starts_and_stops_its_own_service(tmp_path: Path) -> None:
     entries = run["server"]["scratch_entries"]
     assert entries["start"] is not None and entries["end"] == entries["start"]
     assert (tmp_path / "service.log").exists()
+
+
+def test_redis_mode_spreads_load_over_api_nodes_and_workers(tmp_path: Path) -> None:
+    out = tmp_path / "redis"
+    done = cli("--launch", "--redis-workers", "2", "--api-nodes", "2", "--slots", "1",
+               "--set", "preload=math", "--set", "warmup=", "--workload", "trivial",
+               "--count", "200", "--concurrency", "40", "--batch", "10", "--warmup", "0",
+               "--quiet", "--no-plots", "--sample-interval", "0.2", "--out", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads((out / "report.json").read_text())
+    [run] = data["runs"]
+    assert (run["answered"], run["lost"], run["wrong"]) == (200, 0, 0)
+    assert len(run["server"]["pids"]) == 4  # two API nodes, two worker nodes, all sampled
+    assert run["target"].count(",") == 1
+    logs = {p.name for p in out.glob("*.log")}
+    assert {"api-0.log", "api-1.log", "worker-0.log", "worker-1.log", "redis.log"} <= logs
