@@ -104,6 +104,7 @@ from sandbox_service.queue.redis_link import (
     Settlement,
     backoff,
     encode_job,
+    loop_failed,
     stop_tasks,
 )
 from sandbox_service.queue.redis_source import RedisJobSource
@@ -300,8 +301,8 @@ class RedisQueue(Queue):
                 streams = await self.link.call(
                     "xread", {self.reply: self._last_id}, count=READ_COUNT, block=BLOCK_MS
                 )
-            except (QueueUnavailable, ResponseError) as exc:
-                log.debug("reading replies: %s", exc)
+            except Exception as exc:
+                loop_failed("reading replies", exc)
                 await asyncio.sleep(backoff(failures))
                 failures += 1
                 continue
@@ -358,8 +359,10 @@ class RedisQueue(Queue):
             return
         self.cluster_depth = int(results[1] or 0)
         for settlement, outcome in zip(due, results[4:], strict=True):
-            if outcome == -1:
-                self._sent[settlement.chunk_id].delivered = True  # type: ignore[index]
+            # Not there if a submit noticed a Redis restart (and forgot every chunk) meanwhile.
+            chunk = self._sent.get(settlement.chunk_id)  # type: ignore[arg-type]
+            if outcome == -1 and chunk is not None:
+                chunk.delivered = True
 
     def _lost_everything(self) -> None:
         log.error(
@@ -397,8 +400,8 @@ class RedisQueue(Queue):
             await asyncio.sleep(SWEEP_S if self._waiting else IDLE_SWEEP_S)
             try:
                 await self.sweep()
-            except (QueueUnavailable, ResponseError) as exc:
-                log.debug("sweep: %s", exc)
+            except Exception as exc:
+                loop_failed("sweep", exc)
             now = time.time()
             if now >= self._next_lost_check:
                 self._next_lost_check = now + IDLE_SWEEP_S

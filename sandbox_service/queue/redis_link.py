@@ -56,6 +56,17 @@ def backoff(attempt: int) -> float:
     return BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
 
 
+def loop_failed(where: str, exc: Exception, level: int = logging.DEBUG) -> None:
+    """Log why one turn of a background loop failed. The loops catch every exception: one
+    that dies silently stops answering (or taking, or settling) while the node looks alive,
+    and requests wait until their clients give up. A Redis outage is expected (``level``);
+    anything else is a bug, logged with its traceback, and the loop goes on."""
+    if isinstance(exc, (QueueUnavailable, ResponseError)):
+        log.log(level, "%s: %s", where, exc)
+    else:
+        log.error("%s: unexpected %s; carrying on", where, type(exc).__name__, exc_info=exc)
+
+
 async def stop_tasks(tasks: list[asyncio.Task[None]]) -> None:
     """Cancel ``tasks`` and wait for them to end. Their loops also check a flag of their
     own, because on Python 3.11 a cancellation that lands just as redis-py finishes a send

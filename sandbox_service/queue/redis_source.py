@@ -35,6 +35,7 @@ from sandbox_service.queue.redis_link import (
     Settlement,
     backoff,
     decode_jobs,
+    loop_failed,
     stop_tasks,
 )
 from sandbox_service.queue.scripts import SETTLE
@@ -160,13 +161,11 @@ class RedisJobSource:
                     count=1,
                     block=None if self.burst else BLOCK_MS,
                 )
-            except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                await self._recreate_group(exc)
-                continue
-            except QueueUnavailable as exc:
-                log.debug("taking jobs: %s", exc)
+            except Exception as exc:
+                if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
+                    await self._recreate_group(exc)
+                    continue
+                loop_failed("taking jobs", exc)
                 await asyncio.sleep(backoff(failures))
                 failures += 1
                 continue
@@ -321,8 +320,8 @@ class RedisJobSource:
                 self._writing = True
                 try:
                     await self.link.pipeline(functools.partial(self._fill_settle, batch=batch))
-                except (QueueUnavailable, ResponseError) as exc:
-                    log.warning("settling %d chunks: %s; retrying", len(batch), exc)
+                except Exception as exc:
+                    loop_failed(f"settling {len(batch)} chunks (retrying)", exc, logging.WARNING)
                     self._settling[:0] = batch
                     await asyncio.sleep(backoff(failures))
                     failures += 1
@@ -339,8 +338,8 @@ class RedisJobSource:
         while not self._closed:
             try:
                 await self.beat()
-            except (QueueUnavailable, ResponseError) as exc:
-                log.debug("heartbeat: %s", exc)
+            except Exception as exc:
+                loop_failed("heartbeat", exc)
             await asyncio.sleep(self.settings.heartbeat_interval_s)
 
     async def beat(self) -> None:

@@ -20,6 +20,7 @@ from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
 from sandbox_service.queue.base import QueueFull, QueueUnavailable
 from sandbox_service.queue.keys import Keys
 from sandbox_service.queue.redis import RedisJobSource, RedisQueue
+from sandbox_service.queue.redis_link import stop_tasks
 from sandbox_service.settings import Settings
 from tests.sandbox_service.conftest import RedisServer
 
@@ -234,6 +235,61 @@ def test_unreachable_redis_is_an_explicit_error() -> None:
         ok, why = await queue.ready()
         assert not ok and "Redis at redis://127.0.0.1" in why
         assert time.monotonic() - started < 5
+        await queue.close()
+
+    _run(main)
+
+
+def test_background_loops_survive_an_unexpected_error(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """A loop that died silently would leave requests waiting until their clients gave up."""
+    settings = _settings(redis_server, prefix, max_queue_wait_s=0.3)
+
+    async def main() -> None:
+        queue = await _api(settings)
+        real, failed = queue.sweep, []
+
+        async def sweep_failing_once() -> None:
+            if not failed:
+                failed.append(True)
+                raise RuntimeError("a bug")
+            await real()
+
+        queue.sweep = sweep_failing_once  # type: ignore[method-assign]
+        results = await queue.submit([ExecuteRequest(code="x")] * 2)
+        assert failed and {r.status for r in results} == {Status.queue_timeout}
+        await queue.close()
+
+    _run(main)
+
+
+def test_sweep_survives_a_restart_noticed_by_a_submit_meanwhile(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """A submit that sees a new epoch forgets every chunk while a sweep waits on Redis; the
+    sweep then finds the chunk it settled gone (a KeyError once, which killed the loop)."""
+    settings = _settings(redis_server, prefix, max_queue_wait_s=0.3)
+
+    async def main() -> None:
+        queue = await _api(settings)
+        await stop_tasks(queue._tasks)  # this test sweeps by hand
+        source = await _started(settings)
+        pending = asyncio.create_task(queue.submit([ExecuteRequest(code="x")] * 2))
+        assert await source.get() is not None  # a worker took the chunk and holds it
+        await asyncio.sleep(0.4)  # past its start-by time: due, but delivered
+        real = queue.link.pipeline
+
+        async def restart_noticed_meanwhile(fill: Callable[..., object]) -> list[Any]:
+            results = await real(fill)
+            queue._lost_everything()  # what a submit that saw a new epoch does
+            return results
+
+        queue.link.pipeline = restart_noticed_meanwhile  # type: ignore[method-assign]
+        await queue.sweep()
+        results = await pending
+        assert {r.status for r in results} == {Status.internal_error}
+        await source.close()
         await queue.close()
 
     _run(main)
