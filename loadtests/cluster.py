@@ -26,6 +26,7 @@ class Node:
     settings: dict[str, Any]
     process: ServiceProcess | None = None
     restarts: int = 0
+    uids: list[int] = field(default_factory=list)  # slot uids of every incarnation
 
     @property
     def pid(self) -> int:
@@ -84,6 +85,9 @@ class Cluster:
         log = os.path.join(self.directory, f"{node.name}.log")
         node.process = start(log, command=(node.kind,), port_setting=port, port=again,
                              extra_env=self.extra_env, **node.settings)  # fmt: skip
+        if node.kind == "worker":
+            base = int(node.process.settings["uid_base"])
+            node.uids.extend(range(base, base + self.slots))
 
     def kill(self, node: Node) -> None:
         """SIGKILL the node, as a crash: what it held is left for the others to recover."""

@@ -21,6 +21,7 @@ import contextlib
 import gc
 import itertools
 import os
+import re
 import sys
 import time
 from collections import Counter
@@ -34,6 +35,7 @@ from loadtests.workloads import Item
 
 WRONG_EXAMPLES = 20
 UNANSWERED_AT_STOP = "no answer when the run stopped"
+SERVICE_FAILURES = frozenset({"internal_error", "queue_timeout"})
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,9 @@ class Recorder:
     lost_reasons: Counter[str] = field(default_factory=Counter)
     wrong_kinds: Counter[str] = field(default_factory=Counter)
     wrong_examples: list[dict[str, Any]] = field(default_factory=list)
+    # Why the service did not run a request to completion (internal_error, queue_timeout):
+    # "status: message" -> count, digits masked so that one cause is one line.
+    service_failures: Counter[str] = field(default_factory=Counter)
     first_sent: float | None = None
     last_answer: float | None = None
 
@@ -107,6 +112,9 @@ class Recorder:
         self.last_answer = now
         status = str(result.get("status"))
         self.statuses[status] += 1
+        if status in SERVICE_FAILURES:
+            message = re.sub(r"\d+(\.\d+)?", "N", str(result.get("message", "")))[:120]
+            self.service_failures[f"{status}: {message}"] += 1
         if not item.check(result):
             self.wrong += 1
             self.wrong_kinds[item.kind] += 1

@@ -127,6 +127,39 @@ def server(path: str, fig_data: dict[str, Any]) -> None:
     plt.close(fig)
 
 
+def faults(path: str, fig_data: dict[str, Any], events: Sequence[dict[str, Any]]) -> None:
+    """The fault soak: executions finished per second, each fault a vertical line, and the
+    deployment's memory and process count below."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(SIZE[0], SIZE[1] * 1.6), dpi=DPI,
+                                      sharex=True)  # fmt: skip
+    finished = fig_data["executions_finished_per_s"]
+    top.plot(np.arange(len(finished)), finished, label="executions finished/s (estimated)")
+    colors = dict(zip(("zygote", "worker", "api", "redis"), ("C1", "C2", "C3", "C4"), strict=True))
+    for kind, color in colors.items():
+        times = [e["at_s"] for e in events if e["kind"] == kind]
+        for n, t in enumerate(times):
+            top.axvline(
+                t, color=color, alpha=0.6, linewidth=1, label=f"kill {kind}" if not n else None
+            )
+    top.set(ylabel="per second", title="Fault soak: throughput while parts are killed")
+    top.legend(loc="upper right", fontsize=8)
+    samples = fig_data.get("server_samples", [])
+    t = [s["t"] for s in samples]
+    bottom.plot(t, [s["tree_pss_mb"] for s in samples], label="all nodes' trees PSS")
+    bottom.set(xlabel="seconds since start", ylabel="MiB")
+    bottom.set_ylim(bottom=0)
+    procs = bottom.twinx()
+    procs.plot(t, [s["processes"] for s in samples], color="grey", linestyle=":",
+               label="processes")  # fmt: skip
+    procs.set_ylabel("processes")
+    procs.set_ylim(bottom=0)
+    bottom.legend(loc="upper left", fontsize=8)
+    procs.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def draw(out_dir: str, runs: Sequence[Run], figs: Sequence[dict[str, Any]]) -> list[str]:
     paths = [os.path.join(out_dir, "latency.png"), os.path.join(out_dir, "throughput.png")]
     latency(paths[0], runs)

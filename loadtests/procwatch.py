@@ -196,9 +196,9 @@ class Watcher:
             return None
         try:
             data = (await self._http.get("/v1/status")).json()
-        except (httpx.HTTPError, ValueError):
-            return None
-        waiting, running = int(data["queue_depth"]), int(data["in_flight"])
+            waiting, running = int(data["queue_depth"]), int(data["in_flight"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None  # down, or answering why not (503 while its Redis is away)
         self._status = (time.monotonic(), waiting, running)
         self.last_depth = waiting + running
         self.depth_max = max(self.depth_max, self.last_depth)

@@ -91,6 +91,7 @@ def figures(run: Run) -> dict[str, Any]:
         "statuses": dict(r.statuses.most_common()),
         "lost_reasons": dict(r.lost_reasons),
         "wrong_kinds": dict(r.wrong_kinds.most_common()),
+        "service_failures": dict(r.service_failures.most_common()),
         "retries": run.retries,
         "seconds": round(seconds, 3),
         "exec_per_s": round(r.answered / seconds, 1) if seconds > 0 else None,
@@ -261,6 +262,8 @@ def markdown(figs: Sequence[dict[str, Any]], title: str) -> str:
             out += [f"Lost ({fig['label']}): {fig['lost_reasons']}", ""]
         if fig["wrong_kinds"]:
             out += [f"Wrong by kind ({fig['label']}): {fig['wrong_kinds']}", ""]
+        if fig["service_failures"]:
+            out += [f"Service failures ({fig['label']}): {fig['service_failures']}", ""]
         if fig["retries"]:
             out += [f"Retries ({fig['label']}): {fig['retries']}", ""]
     out += ["## Targets", ""]

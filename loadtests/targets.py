@@ -88,9 +88,15 @@ def _refused(response: httpx.Response, count: int) -> list[dict[str, Any]]:
 
 class HttpTarget:
     """``url``: one service, or several API nodes of one deployment separated by commas, over
-    which the lanes are spread evenly."""
+    which the lanes are spread evenly; a retry goes to the next node. ``resend``: a batch
+    whose every request has an ``id`` is sent again (to the next node) when its connection
+    broke after the request went out, which the service's idempotency makes safe: the fault
+    soak kills API nodes under load and expects every request answered."""
 
-    def __init__(self, url: str, label: str = "service", timeout_s: float = 900.0) -> None:
+    def __init__(
+        self, url: str, label: str = "service", timeout_s: float = 900.0, resend: bool = False
+    ) -> None:
+        self.resend = resend
         self.urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
         if not self.urls:
             raise ValueError(f"no URL in {url!r}")
@@ -103,7 +109,8 @@ class HttpTarget:
     async def open(self, lanes: int) -> None:
         per = min(lanes, CONNECTIONS_PER_CLIENT)
         limits = httpx.Limits(max_connections=per, max_keepalive_connections=per)
-        count = max(-(-lanes // per), len(self.urls))
+        nodes = len(self.urls)
+        count = -(-max(-(-lanes // per), nodes) // nodes) * nodes  # a multiple of the nodes
         tls = ssl.create_default_context()  # one for all clients: each costs time and memory
         self._clients = [
             httpx.AsyncClient(base_url=self.urls[i % len(self.urls)], timeout=self.timeout,
@@ -116,8 +123,6 @@ class HttpTarget:
         self._clients = []
 
     async def send(self, items: list[Item], lane: int, give_up_at: float) -> Reply:
-        # Round robin: each client holds at most ``per`` lanes, and lanes spread over the URLs.
-        client = self._clients[lane % len(self._clients)]
         if len(items) == 1:
             path, body = "/v1/execute", orjson.dumps(items[0].request)
         else:
@@ -128,8 +133,12 @@ class HttpTarget:
             if event == "http11.send_request_headers.started":
                 on_wire.append(time.monotonic())
 
+        resendable = self.resend and all("id" in i.request for i in items)
         attempt = 0
         while True:
+            # Round robin: each client holds at most ``per`` lanes, and lanes spread over the
+            # nodes; each retry goes to the next node.
+            client = self._clients[(lane + attempt) % len(self._clients)]
             retry_after = None
             try:
                 response = await client.post(
@@ -139,7 +148,10 @@ class HttpTarget:
                 cause = "connect"  # nothing was sent: safe to try again
                 last = repr(exc)
             except httpx.HTTPError as exc:
-                raise NoAnswer(f"{type(exc).__name__}") from exc
+                if not resendable:
+                    raise NoAnswer(f"{type(exc).__name__}") from exc
+                cause = "resend"  # the same ids again: answered once, whichever node asks
+                last = repr(exc)
             else:
                 if response.status_code not in RETRIED:
                     return Reply(self._results(response, len(items)), on_wire[-1])

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -39,6 +39,7 @@ class ServiceProcess:
     port: int
     process: subprocess.Popen[bytes]
     log_path: str
+    settings: dict[str, Any] = field(default_factory=dict)  # as started, defaults included
 
     def log(self) -> str:
         with open(self.log_path, errors="replace") as f:
@@ -97,7 +98,7 @@ def start(
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    service = ServiceProcess(f"http://127.0.0.1:{port}", port, process, log_path)
+    service = ServiceProcess(f"http://127.0.0.1:{port}", port, process, log_path, settings)
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
