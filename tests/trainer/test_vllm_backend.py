@@ -28,6 +28,7 @@ from trainer.chat import EOS, decode
 from trainer.config import TinyModelConfig, VllmConfig
 from trainer.parallel import SINGLE
 from trainer.rollout import RolloutSettings, generate_rollouts
+from trainer.scheduler import KvCapacity, RolloutScheduler, SchedulerSettings
 from trainer.tiny import build_model
 from trainer.tools import CALL_CLOSE, format_tool_call
 
@@ -77,9 +78,13 @@ class FakeEngine:
     weights_present: bool = True
     in_flight: int = 0
     most_in_flight: int = 0
+    vllm_config: Any = None  # what the engine cores told the front end (KV cache, limits)
+    probe: Any = None  # called inside each generation, while it holds its place
 
     async def generate(self, prompt: dict, params: dict, request_id: str) -> Any:
         assert self.weights_present, "generated on discarded weights"
+        if self.probe is not None:
+            self.probe()
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         await asyncio.sleep(0.01)  # every request is in the engine before any finishes
@@ -217,6 +222,45 @@ def test_generation_stops_keeps_eos_and_returns_logprobs(
     for generation in (call, answer, long):
         expected = [-(i + 1) / 10 for i in range(len(generation.token_ids))]
         assert generation.logprobs == pytest.approx(expected)
+
+
+def engine_config(blocks: int | None, block_size: int, max_num_seqs: int) -> Any:
+    return types.SimpleNamespace(
+        cache_config=types.SimpleNamespace(num_gpu_blocks=blocks, block_size=block_size),
+        scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_seqs),
+    )
+
+
+@without_vllm
+def test_kv_capacity_is_the_engines_blocks_less_what_its_requests_may_take(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    engine = FakeEngine({}, tokenizer, lambda transcript: "7" * 20)
+    engine.vllm_config = engine_config(blocks=1000, block_size=16, max_num_seqs=8)
+    backend = backend_of(engine)
+    assert backend.kv_capacity() == KvCapacity(16, 1000, 1000, 8)
+    seen: list[int] = []
+    engine.probe = lambda: seen.append(backend.kv_capacity().free_blocks)
+    requests = [GenerationRequest(list(range(3, 33)), 100)] * 3  # 130 tokens: 9 blocks each
+    asyncio.run(backend.generate(requests, SamplingParams(temperature=1.0)))
+    assert seen == [991, 982, 973]  # each request counted from the moment it is sent
+    assert backend.kv_capacity().free_blocks == 1000
+    scheduler = RolloutScheduler([backend], SamplingParams(temperature=1.0))
+    assert scheduler.chunk_tokens == SchedulerSettings().chunk_tokens  # placed by capacity
+
+
+@without_vllm
+def test_kv_capacity_without_a_block_count_is_bounded_by_sequences() -> None:
+    engine = FakeEngine({})
+    engine.vllm_config = engine_config(blocks=None, block_size=32, max_num_seqs=4)
+    capacity = backend_of(engine, max_model_len=1000).kv_capacity()
+    assert capacity == KvCapacity(32, 4 * 32, 4 * 32, 4)  # four full-length sequences
+    separate = CpuBackend(
+        VllmConfig(layout="separate", devices="1,2", data_parallel_size=2, max_num_seqs=16),
+        "/models/policy",
+        api=fake_api(FakeEngine({})),
+    )
+    assert separate.kv_capacity().max_seqs == 32  # both replicas'
 
 
 @without_vllm

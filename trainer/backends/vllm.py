@@ -70,6 +70,7 @@ import asyncio
 import base64
 import concurrent.futures
 import contextlib
+import logging
 import os
 import pickle
 import threading
@@ -90,9 +91,14 @@ from trainer.backends.base import (
 )
 from trainer.config import VllmConfig
 from trainer.parallel import SINGLE, DataParallel
+from trainer.scheduler import KvCapacity
 from trainer.weights import Named, buckets, full_parameters, parameter_specs
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+DEFAULT_BLOCK_SIZE = 16  # vLLM's default, used only until the engine says its own
+UNKNOWN_MAX_SEQS = 256  # vLLM's default max_num_seqs on GPUs
 
 INSTALL = (
     "the vLLM backend needs vLLM and a CUDA build of torch: "
@@ -277,8 +283,10 @@ class VLLMBackend(GenerationBackend):
         self.colocated = config.layout == "colocated"
         self.per_rank = self.colocated
         # vLLM batches whatever requests are running: the rollout scheduler may send each turn
-        # as it comes (kv_capacity(), for balanced placement, is not reported yet).
+        # as it comes, placed by kv_capacity().
         self.continuous_batching = True
+        self._held_blocks = 0  # KV blocks this backend's requests in flight may take, at most
+        self._warned_capacity = False
         self.hosts_engine = self.colocated or dp.rank == 0
         self.dtype = getattr(torch, config.dtype)
         self.bucket_bytes = config.bucket_mb << 20
@@ -363,14 +371,56 @@ class VLLMBackend(GenerationBackend):
         if max_tokens < 1:  # the transcript fills the context: nothing more can be generated
             return Generation([], [], "length")
         prompt = self.api.TokensPrompt(prompt_token_ids=list(request.prompt_ids))
+        blocks = -(-(len(request.prompt_ids) + max_tokens) // self._block_size())
+        self._held_blocks += blocks
         final = None
-        async for output in self.engine.generate(
-            prompt, self.sampling_params(params, max_tokens), uuid.uuid4().hex
-        ):
-            final = output
+        try:
+            async for output in self.engine.generate(
+                prompt, self.sampling_params(params, max_tokens), uuid.uuid4().hex
+            ):
+                final = output
+        finally:
+            self._held_blocks -= blocks
         if final is None:
             raise RuntimeError("vLLM returned no output")
         return to_generation(final.outputs[0])
+
+    # -- KV capacity, for the rollout scheduler -------------------------------------------
+    def _cache_config(self) -> Any:
+        config = getattr(self.engine, "vllm_config", None)
+        return getattr(config, "cache_config", None)
+
+    def _block_size(self) -> int:
+        return int(getattr(self._cache_config(), "block_size", None) or DEFAULT_BLOCK_SIZE)
+
+    def kv_capacity(self) -> KvCapacity:
+        """The engine's KV cache, for balanced placement (``trainer.scheduler``).
+
+        vLLM's front end learns ``num_gpu_blocks`` (summed over data-parallel replicas) and
+        ``block_size`` from its engine cores when they start, in ``vllm_config.cache_config``;
+        the block pool itself lives in the engine-core process, out of reach without a round
+        trip, so what this backend's own requests in flight may take (prompt plus
+        ``max_tokens``) is counted here instead. Blocks that only cache prefixes count as
+        free, as vLLM counts them. An engine that does not say how many blocks it has is
+        taken to hold ``max_num_seqs`` full-length sequences: placement is then bounded by
+        the sequence limit alone, which is what vLLM enforces itself."""
+        if not self.hosts_engine or self.engine is None:
+            raise RuntimeError("only the rank that hosts the engine places rollouts on it")
+        c = self.config
+        replicas = 1 if self.colocated else c.data_parallel_size
+        scheduler = getattr(getattr(self.engine, "vllm_config", None), "scheduler_config", None)
+        per_replica = getattr(scheduler, "max_num_seqs", None) or c.max_num_seqs
+        max_seqs = per_replica * replicas if per_replica else None
+        block_size = self._block_size()
+        total = getattr(self._cache_config(), "num_gpu_blocks", None)
+        if not total:
+            if not self._warned_capacity:
+                log.warning("vLLM did not report num_gpu_blocks: placing by max_num_seqs only")
+                self._warned_capacity = True
+            seqs = max_seqs or UNKNOWN_MAX_SEQS
+            total = seqs * -(-c.max_model_len // block_size)
+        total = int(total)
+        return KvCapacity(block_size, total, max(0, total - self._held_blocks), max_seqs)
 
     # -- phases and weights ---------------------------------------------------------------
     def offload(self) -> None:
