@@ -87,9 +87,10 @@ def start(
     a wrapper (``setpriv ... /other/python`` runs the service as another user). ``port``: a
     free one unless given (a node restarted in the place of one that died)."""
     port = port or free_port()
-    # Slot uids unique to this service: a zygote kills every process of its uid when it
-    # starts, so two services on one machine (parallel test runs) must not share them.
-    settings.setdefault("uid_base", 100_000 + port * 64)
+    # Slot uids unique to this service, so that parallel test runs never have to move to
+    # another range (executor.uids). ``uid_base=None``: the service's own default.
+    if settings.setdefault("uid_base", 100_000 + port * 64) is None:
+        del settings["uid_base"]
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             [*python, "-m", "sandbox_service.cli", *command],

@@ -75,8 +75,9 @@ class Settings(BaseSettings):
         default=61000,
         ge=1,
         description=(
-            "When run as root, slot i runs code as uid/gid uid_base+i; services sharing a "
-            "host need ranges of their own."
+            "When run as root, slot i runs code as uid/gid uid_base+i. Each service claims "
+            "its range on the host at start: left at the default, a range in use moves to "
+            "the next free one; set explicitly, it is a start-up error."
         ),
     )
     work_root: str = Field(

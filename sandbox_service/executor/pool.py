@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from dataclasses import replace
 from typing import Any
 
+from sandbox_service.executor import uids
 from sandbox_service.executor.slot import Launcher, Slot, SlotStartError, launch_local
 from sandbox_service.executor.zygote import ZygoteConfig
 from sandbox_service.settings import Settings
@@ -65,8 +67,21 @@ class SlotPool:
         self.slots = [Slot(zygote_config(settings, i), launch) for i in range(settings.slots)]
         self.isolation: dict[str, bool | str] = {}
         self.zygote: dict[str, Any] = {}
+        self.uids: uids.UidClaim | None = None
+
+    def _claim_uids(self) -> None:
+        """Claim this host's slot uids before any zygote starts (``executor.uids``); a
+        default ``uid_base`` that another service holds moves to the next free range."""
+        if self.slots[0].cfg.uid is None or self.settings.executor_backend == "docker":
+            return  # no uid of our own here, or each zygote in a container of its own
+        movable = "uid_base" not in self.settings.model_fields_set
+        self.uids = uids.claim(self.settings.uid_base, len(self.slots), movable)
+        if self.uids.base != self.settings.uid_base:
+            for i, slot in enumerate(self.slots):
+                slot.cfg = replace(slot.cfg, uid=self.uids.base + i, gid=self.uids.base + i)
 
     async def start(self) -> None:
+        self._claim_uids()
         outcomes = await asyncio.gather(*(s.start() for s in self.slots), return_exceptions=True)
         errors = [o for o in outcomes if isinstance(o, BaseException)]
         if errors:
@@ -106,6 +121,8 @@ class SlotPool:
 
     async def stop(self) -> None:
         await asyncio.gather(*(s.stop() for s in self.slots), return_exceptions=True)
+        if self.uids is not None:
+            self.uids.release()  # the zygotes of these uids are gone
 
     def live(self) -> int:
         return sum(1 for s in self.slots if s.alive)
