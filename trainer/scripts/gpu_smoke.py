@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import sys
@@ -120,7 +121,15 @@ async def smoke(args: argparse.Namespace, times: dict[str, float]) -> dict[str, 
     config = load_config(
         None,
         {
-            "rollout": {"group_size": args.group, "oversample": 2, "max_turns": 4},
+            # The asynchronous scheduler, placing by the engine's reported KV capacity, with
+            # turns in chunks small enough that continuations happen.
+            "rollout": {
+                "group_size": args.group,
+                "oversample": 2,
+                "max_turns": 4,
+                "scheduler": "balanced",
+                "chunk_tokens": 64,
+            },
             "optim": {"lr": 1e-3, "warmup_steps": 1, "weight_decay": 0.0},
             "tool": {"timeout_s": 5, "memory_mb": 512},
         },
@@ -172,10 +181,13 @@ async def smoke(args: argparse.Namespace, times: dict[str, float]) -> dict[str, 
         "trainer_moved": moved > 0.01,
         "engine_moved_to_trainer": gap_after < gap_before and gap_after < 0.1 + 0.25 * moved,
     }
+    capacity = backend.kv_capacity()
+    checks["kv_capacity_reported"] = capacity.total_blocks > 0 and capacity.max_seqs is not None
     backend.close()
     torch.distributed.destroy_process_group()
     return {
         "checks": checks,
+        "kv_capacity": dataclasses.asdict(capacity),
         "rollouts": len(rollouts),
         "tool_calls": metrics["tool_calls"],
         "tool_error_rate": metrics["tool_error_rate"],
