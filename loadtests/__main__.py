@@ -96,7 +96,14 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--title", help="title of the summary")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress line")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.redis_workers < 0 or args.api_nodes < 1:
+        p.error("--redis-workers must be >= 0 and --api-nodes >= 1")
+    if (args.redis_workers or args.api_nodes != 1) and not args.launch:
+        p.error("--redis-workers and --api-nodes start a deployment: they need --launch")
+    if args.api_nodes != 1 and not args.redis_workers:
+        p.error("--api-nodes needs --redis-workers (the embedded service is one node)")
+    return args
 
 
 def settings_of(args: argparse.Namespace, work_root: str) -> dict[str, Any]:

@@ -248,6 +248,10 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--faults: unknown {sorted(unknown)}; known: {', '.join(FAULTS)}")
     if args.duration <= 0 or args.interval <= 0:
         p.error("--duration and --interval must be positive")
+    if min(args.api_nodes, args.workers, args.slots, args.concurrency, args.batch) < 1:
+        p.error("--api-nodes, --workers, --slots, --concurrency and --batch must be >= 1")
+    if "api" in args.faults.split(",") and args.api_nodes < 2:
+        p.error("--faults api needs --api-nodes 2 or more: the client resends to another node")
     return args
 
 

@@ -96,3 +96,13 @@ def test_redis_mode_spreads_load_over_api_nodes_and_workers(tmp_path: Path) -> N
     assert run["target"].count(",") == 1
     logs = {p.name for p in out.glob("*.log")}
     assert {"api-0.log", "api-1.log", "worker-0.log", "worker-1.log", "redis.log"} <= logs
+
+
+def test_redis_mode_flags_are_checked_before_anything_starts() -> None:
+    for args, why in [
+        (("--url", "http://127.0.0.1:9", "--redis-workers", "2"), "they need --launch"),
+        (("--launch", "--api-nodes", "2"), "--api-nodes needs --redis-workers"),
+        (("--launch", "--redis-workers", "-1"), "--redis-workers must be >= 0"),
+    ]:
+        done = cli(*args, timeout=30)
+        assert done.returncode == 2 and why in done.stderr, (args, done.stderr)
