@@ -24,6 +24,7 @@ import shutil
 import signal
 import socket
 import sys
+import sysconfig
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,6 +118,31 @@ def _probe(step: Any) -> str | None:
     return None if status == 0 else (why or f"probe exited with status {status}")
 
 
+def reachable_paths(cfg: ZygoteConfig, mount: bool) -> list[str]:
+    """What a slot uid must be able to read for its programs to work: the standard library
+    and site-packages (a child imports what the zygote did not preload), and without the
+    mount layer the work root, where its working directories are."""
+    paths = {sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    paths.update(p for p in sys.path if p.endswith("lib-dynload"))
+    if not mount:
+        existing = cfg.work_root
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        paths.add(existing)
+    return sorted(p for p in paths if p and os.path.isdir(p))
+
+
+def _uid_probe(uid: int, gid: int, paths: list[str]) -> None:
+    iso.drop_to(uid, gid)
+    for path in paths:
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise PermissionError(
+                f"slot uid {uid} cannot read {path} (a directory on its way is closed to "
+                "other users): install Python where every user can read it, use a work_root "
+                "every user can reach, or enable the mount layer"
+            )
+
+
 def _seccomp_probe(program: seccomp_filter.Program) -> None:
     iso.no_new_privs()
     program.load()
@@ -189,7 +215,8 @@ def confine_zygote(cfg: ZygoteConfig) -> Confinement:
         else:
             iso.kill_all_of_uid(cfg.uid)  # leftovers of a zygote that died before us
             uid, gid = cfg.uid, cfg.gid if cfg.gid is not None else cfg.uid
-            why = _probe(lambda: iso.drop_to(uid, gid))
+            needed = reachable_paths(cfg, conf.mount)
+            why = _probe(lambda: _uid_probe(uid, gid, needed))
             conf.uid = why is None
             if why:
                 conf.notes["uid"] = why

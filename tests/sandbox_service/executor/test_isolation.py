@@ -12,11 +12,13 @@ import socket
 import threading
 import time
 import uuid
+from pathlib import Path
 
+import httpx
 import pytest
 
 from sandbox_service.client import SandboxClient
-from sandbox_service.launch import ServiceProcess
+from sandbox_service.launch import LaunchError, ServiceProcess, start
 from sandbox_service.models import Status
 from tests.conftest import SECRET, processes_of
 
@@ -173,3 +175,26 @@ def test_setsid_daemon_does_not_survive(client: SandboxClient) -> None:
     if client.status().isolation.get("uid") is True:
         assert processes_of({s.uid for s in client.status().slots}) == []
     assert client.execute("print(1)").stdout == "1\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="slot uids are used only as root")
+def test_a_slot_uid_that_cannot_reach_its_files_is_not_used_silently(tmp_path: Path) -> None:
+    """Without the mount layer, children work in work_root and import from the interpreter's
+    directories as the slot uid: a work root under a directory closed to other users (as
+    pytest's tmp_path is) would fail every execution, so the uid layer reports itself
+    inactive, saying why, and a service that requires it refuses to start."""
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    settings = {"slots": 1, "preload": "math", "warmup": "",
+                "work_root": str(closed / "work"), "disable_isolation": "mount"}  # fmt: skip
+    service = start(str(tmp_path / "a.log"), **settings)
+    try:
+        status = httpx.get(f"{service.url}/v1/status").json()
+        assert status["isolation"]["uid"] is False
+        assert "cannot read /" in status["isolation"]["uid_note"]  # the first path it cannot
+        ran = httpx.post(f"{service.url}/v1/execute", json={"code": "import csv; print(1)"})
+        assert ran.json()["stdout"] == "1\n"
+    finally:
+        service.stop()
+    with pytest.raises(LaunchError, match=r"uid: PermissionError: slot uid \d+ cannot read"):
+        start(str(tmp_path / "b.log"), require_isolation="uid", ready_timeout_s=60, **settings)
