@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,9 +102,11 @@ class Cluster:
         node.restarts += 1
         self.start_node(node)
 
-    def restart_redis(self) -> None:
-        """Kill Redis and start an empty one on the same port (it keeps nothing on disk)."""
+    def restart_redis(self, down_s: float = 0.0) -> None:
+        """Kill Redis and, ``down_s`` later, start an empty one on the same port (it keeps
+        nothing on disk)."""
         self.redis.stop()
+        time.sleep(down_s)
         self.redis.start()
 
     def stop(self) -> None:

@@ -31,6 +31,7 @@ import itertools
 import json
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -92,7 +93,7 @@ class Soak:
             return f"{node.name}: no zygote up"
         victim = self.rng.choice(zygotes)
         with contextlib.suppress(ProcessLookupError):
-            os.kill(victim, 9)
+            os.kill(victim, signal.SIGKILL)
         return f"{node.name} zygote {victim}"
 
     def node(self, node: Node) -> str:
@@ -108,9 +109,7 @@ class Soak:
         return self.node(self.rng.choice(self.cluster.apis))
 
     def redis(self) -> str:
-        self.cluster.redis.stop()
-        time.sleep(self.rng.uniform(0.5, 2.0))
-        self.cluster.redis.start()
+        self.cluster.restart_redis(down_s=self.rng.uniform(0.5, 2.0))
         return f"redis on port {self.cluster.redis.port}"
 
     def once(self, kind: str) -> Fault:
