@@ -201,7 +201,7 @@ class RedisQueue(Queue):
             jobs.append(job)
         return jobs, list(dict.fromkeys(jobs))
 
-    def _admit_call(self, fresh: list[Job]) -> tuple[list[str], list[Any]]:
+    def _admit_call(self, fresh: list[Job], offer: bytes) -> tuple[list[str], list[Any]]:
         s = self.settings
         names = [self.keys.jobs, self.keys.depth, self.keys.epoch]
         claim_ttl_s = s.max_queue_wait_s + s.max_timeout_s + s.visibility_timeout_s + LOST_GRACE_S
@@ -212,7 +212,7 @@ class RedisQueue(Queue):
             GROUP,
             int(claim_ttl_s * 1000),
             len(fresh),
-            self.link.token,
+            offer,
         ]
         for job in fresh:
             slot = 0
@@ -226,11 +226,12 @@ class RedisQueue(Queue):
         if self._closing:
             raise QueueUnavailable("this API node is shutting down and takes no new work")
         jobs, fresh = self._jobs(requests)
+        offer = self.link.epoch_offer()
         try:
-            reply = await self.link.script(ADMIT, *self._admit_call(fresh))
+            reply = await self.link.script(ADMIT, *self._admit_call(fresh, offer))
         except ResponseError as exc:
             raise QueueUnavailable(f"Redis at {self.link.where} refused the work: {exc}") from exc
-        if self.link.epoch_changed(reply[2]):
+        if self.link.epoch_changed(reply[2], offer):
             self._lost_everything()  # before this batch joins the waiting: it is not lost
         if reply[0] == b"full":
             depth, wanted = int(reply[1]), int(reply[3])
@@ -345,8 +346,10 @@ class RedisQueue(Queue):
         due = self._due(time.time())
         ttl = self.settings.result_ttl_s
 
+        offers: list[bytes] = []  # the pipeline runs twice if a script was missing
+
         def fill(pipe: Pipeline) -> None:
-            self.link.add_epoch(pipe)
+            offers.append(self.link.add_epoch(pipe))
             pipe.get(self.keys.depth)
             pipe.xtrim(self.reply, minid=self._last_id, approximate=False)
             pipe.expire(self.reply, REPLY_TTL_S)
@@ -354,7 +357,7 @@ class RedisQueue(Queue):
                 self.link.add_script(pipe, SETTLE, *settlement.call(self.keys, ttl))
 
         results = await self.link.pipeline(fill)
-        if self.link.epoch_changed(results[0]):
+        if self.link.epoch_changed(results[0], offers[-1]):
             self._lost_everything()
             return
         self.cluster_depth = int(results[1] or 0)

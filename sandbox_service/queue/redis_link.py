@@ -184,7 +184,6 @@ class RedisLink:
         )
         self.reachable = False
         self.epoch: bytes | None = None
-        self.token = secrets.token_hex(8).encode()
 
     def _count(self) -> None:
         self.round_trips += 1
@@ -245,14 +244,26 @@ class RedisLink:
             return list(results)
         raise AssertionError("unreachable")
 
-    def add_epoch(self, pipe: Pipeline) -> None:
-        pipe.set(self.keys.epoch, self.token, nx=True, get=True)
+    @staticmethod
+    def epoch_offer() -> bytes:
+        """A new epoch value, offered in case Redis has none. Fresh on every offer: a value
+        per node would come back the same when that node is the first to reach Redis after
+        each of two restarts, and the other nodes would not notice the second."""
+        return secrets.token_hex(8).encode()
 
-    def epoch_changed(self, previous: bytes | None) -> bool:
-        """Given the epoch Redis had before ``add_epoch`` or the admit script set it if
-        missing (None: it was missing): did Redis lose its data since we last looked?"""
-        changed = self.epoch is not None and previous != self.epoch
-        self.epoch = previous if previous is not None else self.token
+    def add_epoch(self, pipe: Pipeline) -> bytes:
+        """Queue ``SET epoch offer NX GET``; returns the offer."""
+        offer = self.epoch_offer()
+        pipe.set(self.keys.epoch, offer, nx=True, get=True)
+        return offer
+
+    def epoch_changed(self, previous: bytes | None, offer: bytes) -> bool:
+        """Given the epoch Redis had before a call that offered ``offer`` (None: it had none,
+        and took the offer): did Redis lose its data since we last looked? Calls may come
+        back out of order; the one whose offer we already hold is no news."""
+        current = previous if previous is not None else offer
+        changed = self.epoch is not None and current != self.epoch
+        self.epoch = current
         return changed
 
     async def close(self) -> None:

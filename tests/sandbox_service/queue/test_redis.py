@@ -8,6 +8,7 @@ taking over from a dead worker, a Redis that lost its data or cannot be reached.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -291,5 +292,41 @@ def test_sweep_survives_a_restart_noticed_by_a_submit_meanwhile(
         assert {r.status for r in results} == {Status.internal_error}
         await source.close()
         await queue.close()
+
+    _run(main)
+
+
+def test_a_second_restart_is_noticed_when_the_same_node_reaches_redis_first(
+    own_redis: RedisServer, prefix: str
+) -> None:
+    """Each epoch is a fresh value: when node A sets it after two restarts in a row, node B
+    must still see the second one (with a value per node, it saw the same epoch again and
+    waited for ever on what the restart lost; found by the fault soak)."""
+    settings = _settings(own_redis, prefix)
+
+    async def restart_and_sweep_a_first(a: RedisQueue, b: RedisQueue) -> None:
+        await asyncio.to_thread(own_redis.stop)
+        await asyncio.to_thread(own_redis.start)
+        with contextlib.suppress(QueueUnavailable):
+            await a.sweep()  # A is first: the epoch in the new Redis is A's offer
+        await a.sweep()
+
+    async def main() -> None:
+        a = await _api(settings)
+        b = await _api(settings)
+        for task in (*a._tasks, *b._tasks):
+            task.cancel()  # this test sweeps by hand, A first
+        for restart in range(2):
+            pending = asyncio.create_task(b.submit([ExecuteRequest(code="x")]))
+            await asyncio.sleep(0.2)  # admitted; no worker takes it
+            await restart_and_sweep_a_first(a, b)
+            with contextlib.suppress(QueueUnavailable):
+                await b.sweep()
+            await b.sweep()
+            [result] = await asyncio.wait_for(pending, 5)
+            assert result.status is Status.internal_error, restart
+            assert "lost the queue" in result.message
+        await a.close()
+        await b.close()
 
     _run(main)
