@@ -200,6 +200,7 @@ def checks(run: Run, baseline: dict[str, Any], after: dict[str, Any]) -> dict[st
     return {
         "every request answered (0 lost)": r.lost == 0 and r.answered == r.sent,
         "every answer its own and correct or explicit (0 wrong)": r.wrong == 0,
+        "no request left waiting until the client gave up": not run.retries.get("timeout"),
         "every worker registered, queue empty": (
             after["status"].get("queue_depth") == 0
             and after["status"].get("in_flight") == 0

@@ -150,7 +150,9 @@ class HttpTarget:
             except httpx.HTTPError as exc:
                 if not resendable:
                     raise NoAnswer(f"{type(exc).__name__}") from exc
-                cause = "resend"  # the same ids again: answered once, whichever node asks
+                # The same ids again: answered once, whichever node asks. A timeout is
+                # counted apart: a service that never answers is a finding, not a fault.
+                cause = "timeout" if isinstance(exc, httpx.TimeoutException) else "resend"
                 last = repr(exc)
             else:
                 if response.status_code not in RETRIED:
