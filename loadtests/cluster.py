@@ -97,8 +97,10 @@ class Cluster:
             node.process.process.send_signal(signal.SIGKILL)
             node.process.process.wait()
 
-    def restart(self, node: Node) -> None:
+    def restart(self, node: Node, down_s: float = 0.0) -> None:
+        """Kill the node and, ``down_s`` later, start it again in its place."""
         self.kill(node)
+        time.sleep(down_s)
         node.restarts += 1
         self.start_node(node)
 

@@ -97,9 +97,8 @@ class Soak:
         return f"{node.name} zygote {victim}"
 
     def node(self, node: Node) -> str:
-        self.cluster.kill(node)
-        time.sleep(self.rng.uniform(0.2, 1.5))  # the others notice, and work goes on meanwhile
-        self.cluster.restart(node)
+        # Down long enough that the others notice, and work goes on meanwhile.
+        self.cluster.restart(node, down_s=self.rng.uniform(0.2, 1.5))
         return node.name
 
     def worker(self) -> str:

@@ -106,6 +106,16 @@ def throughput(path: str, figs: Sequence[dict[str, Any]]) -> None:
     plt.close(fig)
 
 
+def _with_processes(ax: Any, t: list[float], samples: Sequence[dict[str, Any]], label: str) -> None:
+    """The process count on a second axis of a memory plot, and both legends."""
+    procs = ax.twinx()
+    procs.plot(t, [s["processes"] for s in samples], color="grey", linestyle=":", label=label)
+    procs.set_ylabel("processes")
+    procs.set_ylim(bottom=0)
+    ax.legend(loc="upper left", fontsize=8)
+    procs.legend(loc="upper right", fontsize=8)
+
+
 def server(path: str, fig_data: dict[str, Any]) -> None:
     samples = fig_data["server_samples"]
     t = [s["t"] for s in samples]
@@ -115,13 +125,7 @@ def server(path: str, fig_data: dict[str, Any]) -> None:
     ax.plot(t, [s["tree_pss_mb"] for s in samples], label="whole tree PSS", alpha=0.6)
     ax.set(xlabel="seconds since start", ylabel="MiB", title=f"Service ({fig_data['label']})")
     ax.set_ylim(bottom=0)
-    procs = ax.twinx()
-    procs.plot(t, [s["processes"] for s in samples], color="grey", linestyle=":",
-               label="processes in tree")  # fmt: skip
-    procs.set_ylabel("processes")
-    procs.set_ylim(bottom=0)
-    ax.legend(loc="upper left", fontsize=8)
-    procs.legend(loc="upper right", fontsize=8)
+    _with_processes(ax, t, samples, "processes in tree")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -148,13 +152,7 @@ def faults(path: str, fig_data: dict[str, Any], events: Sequence[dict[str, Any]]
     bottom.plot(t, [s["tree_pss_mb"] for s in samples], label="all nodes' trees PSS")
     bottom.set(xlabel="seconds since start", ylabel="MiB")
     bottom.set_ylim(bottom=0)
-    procs = bottom.twinx()
-    procs.plot(t, [s["processes"] for s in samples], color="grey", linestyle=":",
-               label="processes")  # fmt: skip
-    procs.set_ylabel("processes")
-    procs.set_ylim(bottom=0)
-    bottom.legend(loc="upper left", fontsize=8)
-    procs.legend(loc="upper right", fontsize=8)
+    _with_processes(bottom, t, samples, "processes")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -100,7 +100,6 @@ class HttpTarget:
         self.urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
         if not self.urls:
             raise ValueError(f"no URL in {url!r}")
-        self.url = self.urls[0]
         self.label = label
         self.timeout = httpx.Timeout(timeout_s, connect=60.0, pool=None)
         self.retries: Counter[str] = Counter()

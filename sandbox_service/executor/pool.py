@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from dataclasses import replace
 from typing import Any
 
 from sandbox_service.executor import uids
@@ -30,10 +29,11 @@ class PreloadFailed(RuntimeError):
     """A module of the preload list (or the warm-up) failed in the zygote."""
 
 
-def zygote_config(settings: Settings, index: int) -> ZygoteConfig:
+def zygote_config(settings: Settings, index: int, uid_base: int | None = None) -> ZygoteConfig:
+    """Slot ``index``'s zygote; ``uid_base``: the range claimed, if not the settings' own."""
     # A slot container's zygote runs as root in its container, whoever runs the service.
     root = os.geteuid() == 0 or settings.executor_backend == "docker"
-    uid = settings.uid_base + index if root else None
+    uid = (uid_base if uid_base is not None else settings.uid_base) + index if root else None
     return ZygoteConfig(
         slot=index,
         uid=uid,
@@ -78,7 +78,7 @@ class SlotPool:
         self.uids = uids.claim(self.settings.uid_base, len(self.slots), movable)
         if self.uids.base != self.settings.uid_base:
             for i, slot in enumerate(self.slots):
-                slot.cfg = replace(slot.cfg, uid=self.uids.base + i, gid=self.uids.base + i)
+                slot.cfg = zygote_config(self.settings, i, self.uids.base)
 
     async def start(self) -> None:
         self._claim_uids()

@@ -436,8 +436,9 @@ def main(argv: list[str]) -> None:
     if not conf.mount:
         # A predecessor killed mid-run (SIGKILL, OOM) left its run directory behind, and ours
         # start from run-0 again: the slot's directory is ours alone, so empty it first.
-        shutil.rmtree(slot_dir(cfg), ignore_errors=True)
-        os.makedirs(slot_dir(cfg), mode=0o711, exist_ok=True)
+        own = slot_dir(cfg)
+        shutil.rmtree(own, ignore_errors=True)
+        os.makedirs(own, mode=0o711, exist_ok=True)
     os.environ.clear()
     os.environ.update(runner.environment("/tmp" if conf.mount else cfg.work_root))
     gc.collect()
