@@ -15,6 +15,10 @@ process group is gloo, on GPUs NCCL. What it sets up:
   per-layer checkpointing, applied before sharding. FSDP2 unshards a layer in its pre-backward
   hook, so recomputation finds its parameters gathered; parameter names are unchanged, which
   the weight push and ``save_pretrained`` rely on.
+- Loading (``load_sharded_policy``): only rank 0 reads the weights, into CPU memory; every
+  rank builds the model on the meta device, shards it, allocates only its shards, and
+  receives them from rank 0, one tensor at a time (``set_model_state_dict`` with
+  ``broadcast_from_rank0``). No GPU ever holds the whole model, and a node reads it once.
 - A checkpoint's model is gathered to rank 0 on CPU (``get_model_state_dict`` with
   ``full_state_dict`` and ``cpu_offload``); the weight push gathers one parameter at a time
   instead (``weights.full_parameters``).
@@ -33,12 +37,20 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
+    set_model_state_dict,
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from trainer.modeling import Policy, enable_activation_checkpointing
+from trainer.config import ModelConfig
+from trainer.modeling import (
+    Policy,
+    enable_activation_checkpointing,
+    load_model,
+    prepare_policy,
+    resolve_device,
+)
 from trainer.parallel import DataParallel
 
 
@@ -101,6 +113,29 @@ def shard_policy(policy: Policy, activation_checkpointing: bool = False) -> Poli
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
     return Policy(model, policy.tokenizer, policy.device, None)
+
+
+def load_sharded_policy(
+    config: ModelConfig, path: str | Path | None, seed: int, dp: DataParallel
+) -> Policy:
+    """The policy of ``config`` (or of the directory ``path``) sharded over the default process
+    group, its weights read by rank 0 alone (module docstring). Every rank must call it."""
+    device = resolve_device(config.device)
+    full = load_model(config, path, seed)[0] if dp.rank == 0 else None
+    model, tokenizer = load_model(config, path, seed, empty=True)
+    policy = shard_policy(prepare_policy(config, model, tokenizer, device))
+    policy.model.to_empty(device=device)
+    state = full.state_dict() if full is not None else {}
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(policy.model, state, options=options)
+    # Buffers are not sharded and some (rotary frequencies) are not in the state dict: to_empty
+    # left them uninitialised; they are rank 0's, as built.
+    for name, buffer in policy.model.named_buffers():
+        if full is not None:
+            buffer.copy_(full.get_buffer(name))
+        if dp.distributed:
+            dist.broadcast(buffer, src=0)
+    return policy
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
@@ -68,21 +69,50 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 def load_policy(config: ModelConfig, path: str | Path | None = None, seed: int = 0) -> Policy:
     """The policy of ``config`` (or of the directory ``path``, e.g. a checkpoint's model)."""
     device = resolve_device(config.device)
-    if device.type == "cpu" and config.cpu_threads > 0:
-        torch.set_num_threads(config.cpu_threads)
+    model, tokenizer = load_model(config, path, seed)
+    model.to(device)  # type: ignore[arg-type]  # transformers wraps .to; stubs disagree
+    return prepare_policy(config, model, tokenizer, device)
+
+
+def load_model(
+    config: ModelConfig, path: str | Path | None = None, seed: int = 0, empty: bool = False
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model (float32, on the CPU) and tokenizer of ``config`` or of the directory ``path``.
+
+    ``empty``: the model's structure on the meta device, without weights (no memory, no
+    reading of weight files): what a sharded run's ranks build before rank 0's weights
+    reach their shards (``fsdp.load_sharded_policy``)."""
     source = str(path) if path is not None else config.path
     tokenizer: PreTrainedTokenizerBase
     model: PreTrainedModel
+    where = torch.device("meta") if empty else contextlib.nullcontext()
     if source == TINY:
         tokenizer = build_tokenizer(tokenizer_corpus(), config.tiny.vocab_size)
-        with _seeded(seed):
+        with _seeded(seed), where:
             model = build_model(tokenizer, config.tiny)
     else:
         tokenizer = load_tokenizer(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        if empty:
+            with where:
+                model = AutoModelForCausalLM.from_config(
+                    AutoConfig.from_pretrained(source), dtype=torch.float32
+                )
+        else:
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model.to(device)  # type: ignore[arg-type]  # transformers wraps .to; stubs disagree
+    return model, tokenizer
+
+
+def prepare_policy(
+    config: ModelConfig,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    device: torch.device,
+) -> Policy:
+    """Set a loaded model up for training on ``device`` (where it is, or will be)."""
+    if device.type == "cpu" and config.cpu_threads > 0:
+        torch.set_num_threads(config.cpu_threads)
     model.config.use_cache = False  # training forwards; generate turns the cache on itself
     if config.gradient_checkpointing:
         enable_activation_checkpointing(model)

@@ -123,12 +123,13 @@ class Trainer:
         self.rng = random.Random(config.seed)
         checkpoint = latest_checkpoint(output) if resume else None
         model_path = checkpoint / "model" if checkpoint else None
-        self.policy = load_policy(config.model, model_path, seed=config.seed)
         load_optimizer = None
         if config.model.fsdp:
             from trainer import fsdp
 
-            self.policy = fsdp.shard_policy(self.policy)  # checkpointing: set by load_policy
+            self.policy = fsdp.load_sharded_policy(config.model, model_path, config.seed, self.dp)
+        else:
+            self.policy = load_policy(config.model, model_path, seed=config.seed)
         self.optimizer, self.schedule = build_optimizer(self.policy.model, config.optim)
         if config.model.fsdp:
             model, optimizer = self.policy.model, self.optimizer

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from trainer.config import TinyModelConfig
+from trainer.config import ModelConfig, TinyModelConfig
 from trainer.modeling import Policy
 from trainer.tiny import build_model, build_tokenizer
 from trainer.toy import tokenizer_corpus
@@ -167,6 +167,64 @@ def test_checkpoint_states_gather_and_scatter_back(two_ranks: dict[str, Any]) ->
     assert saved.keys() == again.keys() == two_ranks["after"].keys()  # keyed by name
     for name in saved:
         assert torch.equal(saved[name]["momentum_buffer"], again[name]["momentum_buffer"])
+
+
+def load_worker(rank: int, port: int, model_dir: str, out: str) -> None:
+    """Rank ``rank`` of 2 loads the saved policy sharded and writes what it holds."""
+    from trainer.fsdp import init_distributed, load_sharded_policy
+
+    torch.set_num_threads(1)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2"
+    )
+    dp = init_distributed("cpu")
+    policy = load_sharded_policy(ModelConfig(path=model_dir, device="cpu"), None, 0, dp)
+    meta = [name for name, p in policy.model.named_parameters() if p.to_local().is_meta]
+    ids = torch.tensor([[3, 17, 42, 7, 99, 5]])
+    with torch.no_grad():
+        logits = policy.model(input_ids=ids).logits
+    result = {
+        "parameters": dict(full_parameters(policy.model)),
+        "buffers": {name: b.clone() for name, b in policy.model.named_buffers()},
+        "logits": logits,
+        "meta": meta,
+        "training": policy.model.training,
+    }
+    torch.save(result, out.format(rank=rank))
+    torch.distributed.destroy_process_group()
+
+
+def test_sharded_load_reads_weights_on_rank_zero_only_and_matches_the_model(
+    tmp_path: Path,
+) -> None:
+    """Ranks build the model on the meta device and get their shards from rank 0: the sharded
+    model is the saved one, buffers (rotary frequencies, not in the state dict) included."""
+    from trainer.modeling import load_model
+
+    plain = make_policy()
+    plain.save(tmp_path / "model")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "loaded-{rank}.pt")
+    mp.spawn(load_worker, args=(port, str(tmp_path / "model"), out), nprocs=2, join=True)
+    with torch.no_grad():
+        expected = plain.model(input_ids=torch.tensor([[3, 17, 42, 7, 99, 5]])).logits
+    names = [name for name, _ in plain.model.named_parameters()]
+    buffers = dict(plain.model.named_buffers())
+    assert buffers
+    for rank in range(2):
+        loaded = torch.load(out.format(rank=rank), weights_only=False)
+        assert loaded["meta"] == [] and loaded["training"]
+        assert list(loaded["parameters"]) == names
+        for name, param in plain.model.named_parameters():
+            assert torch.equal(loaded["parameters"][name], param.detach())
+        assert loaded["buffers"].keys() == buffers.keys()
+        for name, buffer in buffers.items():
+            assert torch.equal(loaded["buffers"][name], buffer), (rank, name)
+        torch.testing.assert_close(loaded["logits"], expected, rtol=1e-5, atol=1e-5)
+    empty, _ = load_model(ModelConfig(path=str(tmp_path / "model")), empty=True)
+    assert all(p.is_meta for p in empty.parameters())  # the other ranks read no weights
 
 
 def test_buckets_bound_their_size() -> None:
