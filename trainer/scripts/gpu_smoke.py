@@ -74,21 +74,6 @@ def warm_policy(steps: int) -> Policy:
     return policy
 
 
-async def vllm_logprobs(backend: VLLMBackend, ids: list[int], start: int) -> list[float]:
-    """vLLM's log p(ids[t] | ids[:t]) for t >= start, as prompt logprobs."""
-    from vllm import SamplingParams as VllmSamplingParams
-    from vllm import TokensPrompt
-
-    params = VllmSamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
-    final = None
-    async for output in backend.engine.generate(
-        TokensPrompt(prompt_token_ids=ids), params, f"score-{time.monotonic_ns()}"
-    ):
-        final = output
-    assert final is not None and final.prompt_logprobs is not None
-    return [final.prompt_logprobs[t][ids[t]].logprob for t in range(start, len(ids))]
-
-
 def trainer_logprobs(policy: Policy, ids: list[int], start: int) -> list[float]:
     [logprobs] = sequence_logprobs(policy, [Sample(ids, [1] * len(ids), 0.0)], 1 << 16)
     return logprobs[start - 1 :].tolist()  # logprobs[t - 1] is log p(ids[t] | ids[:t])
@@ -143,9 +128,7 @@ async def smoke(args: argparse.Namespace, times: dict[str, float]) -> dict[str, 
         [GenerationRequest(prompt, 64)], SamplingParams(temperature=0, stop=(CALL_CLOSE,))
     )
     fixed = prompt + turn.token_ids
-    loop = backend.loop
-    assert loop is not None  # a colocated backend always hosts its engine
-    vllm_before = loop.call(vllm_logprobs(backend, fixed, len(prompt)))
+    vllm_before = await backend.prompt_logprobs(fixed, len(prompt))
     trainer_before = trainer_logprobs(policy, fixed, len(prompt))
 
     with start_embedded_service() as url:
@@ -167,7 +150,7 @@ async def smoke(args: argparse.Namespace, times: dict[str, float]) -> dict[str, 
         weight_push_s=metrics["time_push_s"],
     )
 
-    vllm_after = loop.call(vllm_logprobs(backend, fixed, len(prompt)))
+    vllm_after = await backend.prompt_logprobs(fixed, len(prompt))
     trainer_after = trainer_logprobs(policy, fixed, len(prompt))
     moved = mean_abs(trainer_after, trainer_before)
     gap_before = mean_abs(vllm_before, trainer_after)
