@@ -174,7 +174,9 @@ def select(
     return kept, outcome.metrics
 
 
-def to_samples(kept: list[list[Scored]]) -> list[Sample]:
+def to_samples(kept: list[list[Scored]], sampled_logprobs: bool = False) -> list[Sample]:
+    """The kept rollouts as samples; ``sampled_logprobs``: with the engine's logprobs (only
+    comparable with the trainer's when sampled at temperature 1 and top-p 1)."""
     samples = []
     for group in kept:
         advantages = group_advantages(torch.tensor([[s.reward for s in group]]))[0]  # (G,)
@@ -185,6 +187,9 @@ def to_samples(kept: list[list[Scored]]) -> list[Sample]:
                     token_ids=r.prompt_ids + r.response_ids,
                     loss_mask=[0] * len(r.prompt_ids) + r.loss_mask,
                     advantage=advantage,
+                    sampled_logprobs=[0.0] * len(r.prompt_ids) + r.logprobs
+                    if sampled_logprobs
+                    else None,
                 )
             )
     return samples
@@ -220,7 +225,7 @@ async def rl_step(
     rolled = time.monotonic()
     kept, metrics = select(groups, config, rng)
     metrics.update(rollout_metrics([s for g in groups for s in g]))
-    samples = to_samples(kept)
+    samples = to_samples(kept, sampled_logprobs=rollout.temperature == 1 and rollout.top_p == 1)
     metrics.update(advantage_metrics(samples))
     if samples:
         metrics.update(

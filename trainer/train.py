@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import json
 import random
@@ -194,7 +195,9 @@ class Trainer:
         bar = tqdm(
             total=config.total_steps, initial=state.step, desc="grpo-roc", disable=not self.progress
         )
-        with bar, (self.output / "metrics.jsonl").open("a") as log:
+        # The engine's processes end with the run, not at interpreter exit (where vLLM's output
+        # handler would see its engine die and log it as a failure).
+        with contextlib.closing(backend), bar, (self.output / "metrics.jsonl").open("a") as log:
             while state.stage < len(config.stages) and (
                 max_steps is None or len(history) < max_steps
             ):

@@ -54,6 +54,9 @@ class Sample:
     token_ids: list[int]  # prompt + response
     loss_mask: list[int]  # same length: 1 where the policy wrote the token
     advantage: float
+    # The generating engine's log-probability of each token, aligned with token_ids (0 where
+    # the policy did not write it); None: not comparable (sampled at another temperature).
+    sampled_logprobs: list[float] | None = None
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,7 @@ def grpo_update(
         ref = sequence_logprobs(reference, samples, budget, dp)
     kept = torch.tensor([sum(s.loss_mask[1:]) for s in samples], dtype=torch.float32)
     before = _Before(sequence_logprobs(policy, samples, budget, dp), ref, kept)
+    gap_sum, gap_tokens = _sampling_gap(samples, before.old)
     totals = _Totals()
     for _ in range(settings.epochs):
         order = list(range(len(samples)))
@@ -247,12 +251,33 @@ def grpo_update(
                 _optimizer_step(policy, optimizer, samples, rows, before, settings, totals, dp)
     n_tokens = float(kept.sum()) * settings.epochs
     steps = max(1.0, totals.sums.pop("optimizer_steps", 1.0))
-    summed = dp.all_reduce_sum([totals.sums.get(k, 0.0) for k in SUMMED], policy.device)
+    values = [totals.sums.get(k, 0.0) for k in SUMMED] + [gap_sum, gap_tokens]
+    *summed, gap_sum, gap_tokens = dp.all_reduce_sum(values, policy.device)
     metrics = {k: v / max(n_tokens, 1.0) for k, v in zip(SUMMED, summed, strict=True)}
+    if gap_tokens:
+        metrics["rollout_logprob_gap"] = gap_sum / gap_tokens
     metrics["loss"] = summed[0] / steps
     metrics["grad_norm"] = totals.sums.get("grad_norm", 0.0) / steps
     metrics["trained_tokens"] = float(kept.sum())
     return metrics
+
+
+def _sampling_gap(samples: Sequence[Sample], old: list[torch.Tensor]) -> tuple[float, float]:
+    """Sum and count, over this rank's trained tokens, of |trainer's logprob - engine's|.
+
+    The trainer's logprobs (``old``) come from the weights the engine should have sampled
+    with; their mean gap to the engine's is float noise when the weights reached the engine
+    (bf16: about 1e-2; fp32: 1e-6) and large when they did not (a missed or partial push),
+    so it is logged every step as ``rollout_logprob_gap``."""
+    total, count = 0.0, 0.0
+    for sample, logprobs in zip(samples, old, strict=True):
+        if sample.sampled_logprobs is None or logprobs.numel() == 0:  # another rank's sample
+            continue
+        sampled = torch.tensor(sample.sampled_logprobs[1:], dtype=torch.float32)
+        mask = torch.tensor(sample.loss_mask[1:], dtype=torch.bool)
+        total += float((logprobs.cpu() - sampled).abs()[mask].sum())
+        count += float(mask.sum())
+    return total, count
 
 
 def _optimizer_step(

@@ -53,7 +53,7 @@ def test_the_engine_preempts_on_overflow_and_reuses_cached_prefixes() -> None:
         first = await generate(engine, 0, 35, 10)  # 45 tokens, 4 whole blocks stay cached
         both = await asyncio.gather(generate(engine, 1, 30, 40), generate(engine, 2, 30, 40))
         again = await generate(engine, 0, 50, 5)  # its prefix was evicted meanwhile
-        await engine.close()
+        await engine.aclose()
         return [len(g.token_ids) for gs in (first, *both, again) for g in gs]
 
     assert clock.run(main()) == [10, 40, 40, 5]
@@ -66,7 +66,7 @@ def test_the_engine_preempts_on_overflow_and_reuses_cached_prefixes() -> None:
     async def twice() -> None:
         await generate(engine, 0, 35, 10)
         await generate(engine, 0, 50, 5)  # 40 of its 50 context tokens are cached
-        await engine.close()
+        await engine.aclose()
 
     clock.run(twice())
     assert engine.counters.reused_tokens == 40

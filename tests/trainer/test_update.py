@@ -137,3 +137,30 @@ def test_activation_checkpointing_gives_the_same_update(tokenizer: PreTrainedTok
         grpo_update(policy, optimizer, samples_of(tokenizer), UpdateSettings(), random.Random(0))
         results.append(params(policy))
     assert torch.allclose(results[0], results[1], atol=1e-6)
+
+
+def test_the_engines_logprob_gap_is_measured_on_trained_tokens(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """rollout_logprob_gap: mean |trainer - engine| over the tokens the policy wrote. Zero when
+    the engine sampled with the trainer's weights; the offset when it did not; absent when
+    no sample carries the engine's logprobs."""
+    policy = policy_of(tokenizer)
+    plain = samples_of(tokenizer)
+    own = sequence_logprobs(policy, plain, 10_000)
+
+    def with_engine(offset: float) -> list[Sample]:
+        return [
+            Sample(s.token_ids, s.loss_mask, s.advantage, [0.0, *(lp + offset).tolist()])
+            for s, lp in zip(plain, own, strict=True)
+        ]
+
+    def gap(samples: list[Sample]) -> float | None:
+        fresh = policy_of(tokenizer)
+        optimizer = torch.optim.SGD(fresh.model.parameters(), lr=0.0)
+        metrics = grpo_update(fresh, optimizer, samples, UpdateSettings(), random.Random(0))
+        return metrics.get("rollout_logprob_gap")
+
+    assert gap(with_engine(0.0)) == pytest.approx(0.0, abs=1e-6)
+    assert gap(with_engine(0.25)) == pytest.approx(0.25, abs=1e-5)
+    assert gap(plain) is None

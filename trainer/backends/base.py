@@ -71,6 +71,9 @@ class GenerationBackend(ABC):
         """The step's rollouts are done: free what the update needs (an engine sharing the
         GPU with the trainer sleeps). The next ``update_weights`` or ``generate`` wakes it."""
 
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """The run is over: stop what the backend started (an engine's processes)."""
+
     def update_weights(self, model: torch.nn.Module, changed: bool = True) -> None:  # noqa: B027
         """Called after every step, on every rank: receive the policy's weights if they
         ``changed`` (and whatever an offloaded engine lost). A backend that shares the module

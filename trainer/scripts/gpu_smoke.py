@@ -181,6 +181,8 @@ async def smoke(args: argparse.Namespace, times: dict[str, float]) -> dict[str, 
         "engine_matched_trainer_before": mean_abs(vllm_before, trainer_before) < 0.1,
         "trainer_moved": moved > 0.01,
         "engine_moved_to_trainer": gap_after < gap_before and gap_after < 0.1 + 0.25 * moved,
+        # The step's own measure: the rollouts' logprobs against the trainer's, same weights.
+        "rollouts_sampled_from_trainer_weights": metrics.get("rollout_logprob_gap", 1.0) < 0.1,
     }
     capacity = backend.kv_capacity()
     checks["kv_capacity_reported"] = capacity.total_blocks > 0 and capacity.max_seqs is not None
@@ -196,6 +198,7 @@ async def smoke(args: argparse.Namespace, times: dict[str, float]) -> dict[str, 
         "logprob_shift_trainer": moved,
         "engine_gap_before_push": gap_before,
         "engine_gap_after_push": gap_after,
+        "rollout_logprob_gap": metrics.get("rollout_logprob_gap"),
     }
 
 

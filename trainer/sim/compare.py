@@ -104,7 +104,7 @@ async def _step(policy: str, setup: Setup, courses: Sequence[Plan]) -> Outcome:
         await run_async(agents, scheduler, tools)
     step = asyncio.get_running_loop().time()
     for engine in engines:
-        await engine.close()
+        await engine.aclose()
     counters = [e.counters for e in engines]
     admitted = sum(c.prefill_tokens + c.reused_tokens for c in counters)
     calls = sum(a.calls for a in agents)

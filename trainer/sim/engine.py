@@ -149,7 +149,7 @@ class SimEngine(GenerationBackend):
         self._wake.set()
         return [await future for future in futures]
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
