@@ -29,13 +29,16 @@ from trainer.toy import toy_conversations
 from trainer.update import Sample, forward, micro_batches
 
 TOY = "toy"
+TOY_SEED_OFFSET = 10_000  # toy SFT transcripts are on toy_problems(n, seed + this)
 
 
 def load_conversations(config: SftConfig, seed: int = 0) -> list[list[dict[str, str]]]:
     """Transcripts from a JSONL file, or ``toy``: generated toy-task transcripts (on problems
     other than the shipped training set's)."""
     if config.data == TOY:
-        return toy_conversations(config.toy_transcripts, seed + 10_000, config.toy_direct_share)
+        return toy_conversations(
+            config.toy_transcripts, seed + TOY_SEED_OFFSET, config.toy_direct_share
+        )
     source = config.data
     with Path(source).open() as f:
         return [json.loads(line)["messages"] for line in f if line.strip()]

