@@ -194,6 +194,13 @@ def sequence_logprobs(
     return out
 
 
+def policy_logprobs(policy: Policy, ids: Sequence[int], start: int = 1) -> list[float]:
+    """log p(ids[t] | ids[:t]) for t >= ``start``, under the current weights: one sequence,
+    to set beside an engine's prompt logprobs of it."""
+    [logprobs] = sequence_logprobs(policy, [Sample(list(ids), [1] * len(ids), 0.0)], 1 << 16)
+    return logprobs[start - 1 :].tolist()  # logprobs[t - 1] is log p(ids[t] | ids[:t])
+
+
 def _pad_rows(values: list[torch.Tensor], batch: MicroBatch) -> torch.Tensor:
     """Per-sample values laid out as ``batch.targets`` (B, T), zeros past each end."""
     out = torch.zeros(batch.targets.shape, dtype=torch.float32)

@@ -34,7 +34,7 @@ from trainer.step import prompt_ids
 from trainer.tiny import build_model, build_tokenizer
 from trainer.tools import CALL_CLOSE, CALL_OPEN
 from trainer.toy import tokenizer_corpus, toy_conversations, toy_problems
-from trainer.update import Sample, sequence_logprobs
+from trainer.update import policy_logprobs
 
 
 def cpu_vllm() -> bool:
@@ -139,7 +139,7 @@ def test_sampled_tokens_logprobs_are_the_trainers(policy: Policy, backend: objec
     )
     assert len(generation.token_ids) == len(generation.logprobs) > 0
     ids = prompt + generation.token_ids
-    expected = trainer_logprobs(policy, ids, len(prompt))
+    expected = policy_logprobs(policy, ids, len(prompt))
     assert generation.logprobs == pytest.approx(expected, abs=2e-3)
 
 
@@ -172,12 +172,6 @@ def test_the_context_bounds_what_is_generated(policy: Policy, backend: object) -
     assert none.finish_reason == "length" and none.token_ids == []
 
 
-def trainer_logprobs(policy: Policy, ids: list[int], start: int) -> list[float]:
-    """The trainer's log p(ids[t] | ids[:t]) for t >= start."""
-    [logprobs] = sequence_logprobs(policy, [Sample(ids, [1] * len(ids), 0.0)], 1 << 16)
-    return logprobs[start - 1 :].tolist()  # logprobs[t - 1]: log p(ids[t] | ids[:t])
-
-
 def test_a_pushed_policy_is_what_the_engine_computes_with(policy: Policy, backend: object) -> None:
     """update_weights sends the policy through vLLM's weight-transfer calls, bucket by bucket
     (inline here, CUDA IPC beside a GPU), and the engine's logprobs become the new policy's;
@@ -189,14 +183,14 @@ def test_a_pushed_policy_is_what_the_engine_computes_with(policy: Policy, backen
     )
     engine = backend.prompt_logprobs  # type: ignore[attr-defined]
     original = asyncio.run(engine(ids))
-    assert original == pytest.approx(trainer_logprobs(policy, ids, 1), abs=2e-3)
+    assert original == pytest.approx(policy_logprobs(policy, ids, 1), abs=2e-3)
 
     changed = Policy(copy.deepcopy(policy.model), policy.tokenizer, policy.device, None)
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for param in changed.model.parameters():
             param.add_(torch.randn(param.shape, generator=generator) * 0.05)
-    expected = trainer_logprobs(changed, ids, 1)
+    expected = policy_logprobs(changed, ids, 1)
     assert sum(abs(a - b) for a, b in zip(expected, original, strict=True)) / len(ids) > 0.05
 
     backend.update_weights(changed.model)  # type: ignore[attr-defined]

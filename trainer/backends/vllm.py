@@ -315,7 +315,7 @@ class VLLMBackend(GenerationBackend):
         # How weights reach the engine: CUDA IPC beside a GPU, the tensors themselves beside an
         # engine on the CPU (vllm_inline), NCCL to a separate engine.
         self.transfer = weight_transfer(config)
-        self._transfer: Any = None  # True after the handshake, or the NCCL sender
+        self._channel: Any = None  # True after the handshake, or the NCCL sender
         if self.hosts_engine:
             self.loop = EngineLoop()
             with engine_environment(self._engine_devices()):
@@ -396,17 +396,20 @@ class VLLMBackend(GenerationBackend):
         prompt = self.api.TokensPrompt(prompt_token_ids=list(request.prompt_ids))
         blocks = -(-(len(request.prompt_ids) + max_tokens) // self._block_size())
         self._held_blocks += blocks
-        final = None
         try:
-            async for output in self.engine.generate(
-                prompt, self.sampling_params(params, max_tokens), uuid.uuid4().hex
-            ):
-                final = output
+            final = await self._final(prompt, self.sampling_params(params, max_tokens))
         finally:
             self._held_blocks -= blocks
+        return to_generation(final.outputs[0])
+
+    async def _final(self, prompt: Any, params: Any) -> Any:
+        """One request, on the engine's loop: its last ``RequestOutput``."""
+        final = None
+        async for output in self.engine.generate(prompt, params, uuid.uuid4().hex):
+            final = output
         if final is None:
             raise RuntimeError("vLLM returned no output")
-        return to_generation(final.outputs[0])
+        return final
 
     async def prompt_logprobs(self, ids: Sequence[int], start: int = 1) -> list[float]:
         """The engine's log p(ids[t] | ids[:t]) for t >= ``start`` (prompt logprobs, at
@@ -415,15 +418,8 @@ class VLLMBackend(GenerationBackend):
         assert self.loop is not None
         params = self.api.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         prompt = self.api.TokensPrompt(prompt_token_ids=list(ids))
-
-        async def run() -> Any:
-            final = None
-            async for output in self.engine.generate(prompt, params, uuid.uuid4().hex):
-                final = output
-            return final
-
-        final = await self.loop.wait(run())
-        if final is None or final.prompt_logprobs is None:
+        final = await self.loop.wait(self._final(prompt, params))
+        if final.prompt_logprobs is None:
             raise RuntimeError("vLLM returned no prompt logprobs")
         return [final.prompt_logprobs[t][ids[t]].logprob for t in range(start, len(ids))]
 
@@ -524,9 +520,9 @@ class VLLMBackend(GenerationBackend):
         GPU's memory, or inline (an engine on the CPU)."""
         assert self.loop is not None
         client = SyncClient(self.api, self.loop, self.engine)
-        if self._transfer is None:  # first push: the handshake (no rendezvous needed)
+        if self._channel is None:  # first push: the handshake (no rendezvous needed)
             client.init_weight_transfer_engine({"packed": False} if self.transfer == "ipc" else {})
-            self._transfer = True
+            self._channel = True
         client.start_weight_update()
         weights = full_parameters(model, self.dtype, aliases=True)  # lm_head too (weights.py)
         for bucket in buckets(weights, self.bucket_bytes):
@@ -561,9 +557,9 @@ class VLLMBackend(GenerationBackend):
 
     def _push_nccl(self, model: torch.nn.Module) -> None:
         """Separate: rank 0 broadcasts to the engine's workers; every rank joins the gathers."""
-        if self._transfer is None:
-            self._transfer = self._nccl_sender(model)
-        self._transfer.send_weights()
+        if self._channel is None:
+            self._channel = self._nccl_sender(model)
+        self._channel.send_weights()
 
     def _nccl_sender(self, model: torch.nn.Module) -> Any:
         from vllm.distributed.weight_transfer import WeightTransferTrainerFactory

@@ -49,9 +49,9 @@ import torch
 
 from trainer.backends.base import GenerationRequest, SamplingParams
 from trainer.backends.vllm import VLLMBackend
-from trainer.config import SftConfig, TinyModelConfig, VllmConfig, load_config
+from trainer.config import ModelConfig, SftConfig, TinyModelConfig, VllmConfig, load_config
 from trainer.fsdp import init_distributed, shard_policy
-from trainer.modeling import Policy
+from trainer.modeling import Policy, prepare_policy
 from trainer.optim import build_optimizer
 from trainer.sandbox import SandboxRunner, start_embedded_service
 from trainer.sft import TOY_SEED_OFFSET, load_conversations, run_sft
@@ -59,7 +59,7 @@ from trainer.step import prompt_ids, rl_step, rollout_settings
 from trainer.tiny import build_model, build_tokenizer
 from trainer.tools import CALL_CLOSE
 from trainer.toy import tokenizer_corpus, toy_problems
-from trainer.update import Sample, sequence_logprobs
+from trainer.update import policy_logprobs
 
 SHAPE = TinyModelConfig(
     vocab_size=1024, hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4
@@ -89,16 +89,10 @@ def warm_policy(steps: int, device: torch.device) -> Policy:
     torch.manual_seed(0)
     model = build_model(tokenizer, SHAPE)
     model.to(device)  # type: ignore[arg-type]  # transformers wraps .to
-    model.config.use_cache = False  # training forwards, as modeling.load_policy sets it
-    policy = Policy(model, tokenizer, device, torch.bfloat16 if device.type == "cuda" else None)
+    policy = prepare_policy(ModelConfig(), model, tokenizer, device)  # bf16 autocast on GPUs
     sft = SftConfig(enabled=True, toy_direct_share=0.3, steps=steps, batch_size=32, lr=3e-3)
     run_sft(policy, load_conversations(sft), sft, progress=False)
     return policy
-
-
-def trainer_logprobs(policy: Policy, ids: list[int], start: int) -> list[float]:
-    [logprobs] = sequence_logprobs(policy, [Sample(ids, [1] * len(ids), 0.0)], 1 << 16)
-    return logprobs[start - 1 :].tolist()  # logprobs[t - 1] is log p(ids[t] | ids[:t])
 
 
 def mean_abs(a: list[float], b: list[float]) -> float:
@@ -154,7 +148,7 @@ async def smoke(args: argparse.Namespace, times: dict[str, float]) -> dict[str, 
     )
     fixed = prompt + turn.token_ids
     vllm_before = await backend.prompt_logprobs(fixed, len(prompt))
-    trainer_before = trainer_logprobs(policy, fixed, len(prompt))
+    trainer_before = policy_logprobs(policy, fixed, len(prompt))
 
     with start_embedded_service() as url:
         async with SandboxRunner(url) as runner:
@@ -176,7 +170,7 @@ async def smoke(args: argparse.Namespace, times: dict[str, float]) -> dict[str, 
     )
 
     vllm_after = await backend.prompt_logprobs(fixed, len(prompt))
-    trainer_after = trainer_logprobs(policy, fixed, len(prompt))
+    trainer_after = policy_logprobs(policy, fixed, len(prompt))
     moved = mean_abs(trainer_after, trainer_before)
     gap_before = mean_abs(vllm_before, trainer_after)
     gap_after = mean_abs(vllm_after, trainer_after)
