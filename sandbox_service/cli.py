@@ -19,6 +19,7 @@ from pydantic_core import PydanticUndefined
 
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Mode, Status
 from sandbox_service.settings import Settings
+from sandbox_service.tenants import KeyFileError
 
 Command = Callable[[argparse.Namespace, Settings], int]
 COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None] | None]] = {}
@@ -220,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, RuntimeError) as exc:  # start-up refusals: isolation, preloads, slots
         print(f"sandbox-service: {exc}", file=sys.stderr)
         return 1
+    except KeyFileError as exc:  # the API key file does not parse: the message names the line
+        print(f"sandbox-service: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -2,17 +2,25 @@
 
 Names are stable (dashboards and the Kubernetes autoscaler read them): queue depth, in-flight
 jobs, executions by status, queue-wait and run-time histograms, slot restarts, reclaimed jobs
-and refused requests.
+and refused requests. The ``sandbox_tenant_*`` series say the same per tenant; their label
+takes at most ``max_tenant_labels`` values (the tenants come from the key file, but a bound
+keeps a mistake from flooding Prometheus): later tenants are counted as ``other``.
 """
 
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from sandbox_service.models import ExecuteResult
+from sandbox_service.tenants import DEFAULT_TENANT
+
+OTHER = "other"
+TenantCounts = Callable[[], dict[str, tuple[int, int]]]
 
 # Most executions take milliseconds; the long tail is bounded by the maximum timeout.
 LATENCY_BUCKETS = (
@@ -22,9 +30,37 @@ LATENCY_BUCKETS = (
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+class TenantGauges(Collector):
+    """Per-tenant queue depth and in flight, read from the queue when scraped (no cost on the
+    hot path)."""
+
+    def __init__(self, metrics: Metrics, read: TenantCounts) -> None:
+        self.metrics, self.read = metrics, read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        depth = GaugeMetricFamily(
+            "sandbox_tenant_queue_depth", "Jobs waiting to start, per tenant", labels=["tenant"]
+        )
+        running = GaugeMetricFamily(
+            "sandbox_tenant_in_flight", "Jobs running now, per tenant", labels=["tenant"]
+        )
+        totals: dict[str, list[int]] = {}
+        for tenant, (waiting, busy) in self.read().items():
+            total = totals.setdefault(self.metrics.label(tenant), [0, 0])
+            total[0] += waiting
+            total[1] += busy
+        for label, (waiting, busy) in sorted(totals.items()):
+            depth.add_metric([label], waiting)
+            running.add_metric([label], busy)
+        yield depth
+        yield running
+
+
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, max_tenant_labels: int = 100) -> None:
         self.registry = CollectorRegistry()
+        self.max_tenant_labels = max_tenant_labels
+        self._labels: set[str] = set()
         r = self.registry
         self.executions = Counter(
             "sandbox_executions_total", "Executions answered, by status", ["status"], registry=r
@@ -54,15 +90,56 @@ class Metrics:
             ["code"],
             registry=r,
         )
+        self.tenant_executions = Counter(
+            "sandbox_tenant_executions_total",
+            "Executions answered, by tenant and status",
+            ["tenant", "status"],
+            registry=r,
+        )
+        self.tenant_queue_wait = Histogram(
+            "sandbox_tenant_queue_wait_seconds",
+            "Time from queueing to the start of execution, per tenant",
+            ["tenant"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tenant_refused = Counter(
+            "sandbox_tenant_refused_total",
+            "Batches refused because their tenant was over a quota (429), by quota",
+            ["tenant", "quota"],
+            registry=r,
+        )
+        self.auth_failures = Counter(
+            "sandbox_auth_failures_total",
+            "Requests refused for their API key (missing, malformed, invalid) or their source "
+            "(rate_limited after too many failures)",
+            ["reason"],
+            registry=r,
+        )
         self.by_status: Tally[str] = Tally()
 
-    def observe(self, result: ExecuteResult) -> None:
+    def label(self, tenant: str) -> str:
+        """The tenant's label value: itself while fewer than the maximum are in use."""
+        if tenant in self._labels:
+            return tenant
+        if len(self._labels) >= self.max_tenant_labels:
+            return OTHER
+        self._labels.add(tenant)
+        return tenant
+
+    def observe(self, result: ExecuteResult, tenant: str = DEFAULT_TENANT) -> None:
         status = result.status.value
         self.by_status[status] += 1
         self.executions.labels(status).inc()
         self.queue_wait.observe(result.queue_time_s)
         if result.wall_time_s:
             self.run_time.observe(result.wall_time_s)
+        label = self.label(tenant)
+        self.tenant_executions.labels(label, status).inc()
+        self.tenant_queue_wait.labels(label).observe(result.queue_time_s)
+
+    def watch_tenants(self, read: TenantCounts) -> None:
+        self.registry.register(TenantGauges(self, read))
 
     def watch(self, gauge: Gauge, read: Callable[[], float]) -> None:
         gauge.set_function(read)

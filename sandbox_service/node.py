@@ -10,16 +10,16 @@ orchestrator's probes. Both reconnect to Redis on their own; both stop gracefull
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from sandbox_service.executor.pool import SlotPool
 from sandbox_service.metrics import CONTENT_TYPE, Metrics
 from sandbox_service.models import StatusReport
+from sandbox_service.probes import json_probe as _json
+from sandbox_service.probes import serve_probes
 from sandbox_service.queue.base import Queue
 from sandbox_service.queue.redis import RedisJobSource, RedisQueue
 from sandbox_service.runtime import limits
@@ -34,7 +34,7 @@ class RedisRuntime:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.metrics = Metrics()
+        self.metrics = Metrics(settings.max_tenant_labels)
         self.redis = RedisQueue(settings, self.metrics)
         self.queue: Queue = self.redis  # what the routes see: the Queue interface only
         self.started_at = time.monotonic()
@@ -47,6 +47,7 @@ class RedisRuntime:
         # requests this node is waiting on.
         self.metrics.watch(self.metrics.queue_depth, lambda: self.redis.cluster_depth)
         self.metrics.watch(self.metrics.in_flight, lambda: self.redis.in_flight)
+        self.metrics.watch_tenants(self.redis.tenant_counts)
 
     def begin_shutdown(self) -> None:
         if self._deadline is not None:
@@ -85,43 +86,6 @@ class RedisRuntime:
 
 # ---------------------------------------------------------------- worker node
 
-Probe = Callable[[], Awaitable[tuple[int, str, bytes]]]
-
-
-async def serve_probes(host: str, port: int, routes: Mapping[str, Probe]) -> asyncio.Server:
-    """A minimal HTTP/1.1 responder for GETs of a few paths (no framework needed for three
-    endpoints a scraper and a kubelet call)."""
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            line = await asyncio.wait_for(reader.readline(), 10)
-            while (await asyncio.wait_for(reader.readline(), 10)).strip():
-                pass  # headers: not needed
-            parts = line.split()
-            path = parts[1].decode("latin-1").split("?")[0] if len(parts) > 1 else "/"
-            route = routes.get(path)
-            if route is None:
-                code, ctype, body = 404, "application/json", b'{"detail": "not found"}'
-            else:
-                code, ctype, body = await route()
-            head = (
-                f"HTTP/1.1 {code} {'OK' if code == 200 else 'Error'}\r\n"
-                f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + body)
-            await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError, IndexError):
-            pass
-        finally:
-            writer.close()
-
-    return await asyncio.start_server(handle, host, port)
-
-
-def _json(code: int, body: dict[str, Any]) -> tuple[int, str, bytes]:
-    return code, "application/json", json.dumps(body).encode()
-
 
 class WorkerNode:
     """``sandbox-service worker``: slots fed by the Redis queue."""
@@ -129,7 +93,7 @@ class WorkerNode:
     def __init__(self, settings: Settings, burst: bool = False) -> None:
         self.settings = settings
         self.name = settings.worker_name or default_name()
-        self.metrics = Metrics()
+        self.metrics = Metrics(settings.max_tenant_labels)
         self.pool = SlotPool(settings)
         self.source = RedisJobSource(settings, self.metrics, self.name, burst)
         self.worker = Worker(self.pool, self.source, settings, self.metrics, self.name)

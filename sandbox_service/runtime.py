@@ -67,7 +67,7 @@ class EmbeddedRuntime:
 
     def __init__(self, settings: Settings, name: str | None = None) -> None:
         self.settings = settings
-        self.metrics = Metrics()
+        self.metrics = Metrics(settings.max_tenant_labels)
         self.pool = SlotPool(settings)
         self.queue = LocalQueue(settings)
         self.worker = Worker(self.pool, self.queue, settings, self.metrics, name or default_name())
@@ -79,6 +79,7 @@ class EmbeddedRuntime:
         await self.queue.start()
         self.metrics.watch(self.metrics.queue_depth, lambda: self.queue.counts()[0])
         self.metrics.watch(self.metrics.in_flight, lambda: self.queue.counts()[1])
+        self.metrics.watch_tenants(self.queue.tenant_counts)
         self.worker.start()
 
     def begin_shutdown(self) -> None:

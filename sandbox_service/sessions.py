@@ -25,6 +25,8 @@ Semantics (docs/integrations.md says the same):
 - A request ``id`` resubmitted on a session returns the stored result and is not appended
   twice. Sessions live in the API node that served them: behind several API nodes, route a
   session's calls to one node.
+- A session belongs to its tenant: another tenant naming the same ``session_id`` gets a
+  session of its own, empty, and cannot read or end this one.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ from dataclasses import dataclass, field
 from sandbox_service.api.errors import RequestRejected
 from sandbox_service.models import ErrorDetail, ExecuteRequest, ExecuteResult, Mode, Status
 from sandbox_service.programs import Cell, new_nonce, parse, program
-from sandbox_service.queue.base import Queue, QueueFull
+from sandbox_service.queue.base import Queue, QueueFull, scoped
 from sandbox_service.settings import Settings
+from sandbox_service.tenants import DEFAULT, DEFAULT_TENANT, Tenant
 
 
 @dataclass
@@ -49,6 +52,7 @@ class Session:
     id: str
     seed: int
     used_at: float
+    tenant: str = DEFAULT_TENANT
     cells: list[Cell] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
     applied: set[str] = field(default_factory=set)  # request ids whose cell was appended
@@ -83,37 +87,38 @@ class Sessions:
                 return
             self._items.popitem(last=False)
 
-    def peek(self, session_id: str) -> Session | None:
+    def peek(self, session_id: str, tenant: str = DEFAULT_TENANT) -> Session | None:
         self._expire(time.monotonic())
-        return self._items.get(session_id)
+        return self._items.get(scoped(tenant, session_id))
 
-    def get(self, session_id: str) -> Session:
+    def get(self, session_id: str, tenant: str = DEFAULT_TENANT) -> Session:
         """The session, created empty when unknown or forgotten; marks it used."""
         now = time.monotonic()
         self._expire(now)
-        session = self._items.get(session_id)
+        key = scoped(tenant, session_id)
+        session = self._items.get(key)
         if session is None:
-            session = Session(session_id, secrets.randbits(32), now)
-            self._items[session_id] = session
+            session = Session(session_id, secrets.randbits(32), now, tenant)
+            self._items[key] = session
             while len(self._items) > self.max_sessions:
                 self._items.popitem(last=False)
         session.used_at = now
-        self._items.move_to_end(session_id)
+        self._items.move_to_end(key)
         return session
 
-    def drop(self, session_id: str) -> bool:
-        return self._items.pop(session_id, None) is not None
+    def drop(self, session_id: str, tenant: str = DEFAULT_TENANT) -> bool:
+        return self._items.pop(scoped(tenant, session_id), None) is not None
 
     # ------------------------------------------------------------- submit
 
-    def _check_room(self, requests: Sequence[ExecuteRequest], batch: bool) -> None:
+    def _check_room(self, requests: Sequence[ExecuteRequest], batch: bool, tenant: str) -> None:
         wanted: dict[str, int] = defaultdict(int)
         found = []
         for index, request in enumerate(requests):
             if request.session_id is None:
                 continue
             wanted[request.session_id] += 1
-            session = self.peek(request.session_id)
+            session = self.peek(request.session_id, tenant)
             held = len(session.cells) if session else 0
             if held + wanted[request.session_id] <= self.max_cells:
                 continue
@@ -131,18 +136,22 @@ class Sessions:
             raise RequestRejected(422, found)
 
     async def submit(
-        self, queue: Queue, requests: Sequence[ExecuteRequest], batch: bool = True
+        self,
+        queue: Queue,
+        requests: Sequence[ExecuteRequest],
+        batch: bool = True,
+        tenant: Tenant = DEFAULT,
     ) -> list[ExecuteResult]:
         """Run ``requests``; results in order. Those with a ``session_id`` go through their
         session, one at a time per session; the others are submitted first, together, so a
         full queue refuses the batch (429) before any session has changed."""
         if all(r.session_id is None for r in requests):
-            return await queue.submit(requests)
-        self._check_room(requests, batch)
+            return await queue.submit(requests, tenant)
+        self._check_room(requests, batch, tenant.name)
         results: list[ExecuteResult | None] = [None] * len(requests)
         plain = [i for i, r in enumerate(requests) if r.session_id is None]
         if plain:
-            answered = await queue.submit([requests[i] for i in plain])
+            answered = await queue.submit([requests[i] for i in plain], tenant)
             for i, result in zip(plain, answered, strict=True):
                 results[i] = result
         chains: dict[str, list[int]] = defaultdict(list)
@@ -150,7 +159,10 @@ class Sessions:
             if r.session_id is not None:
                 chains[r.session_id].append(i)
         done = await asyncio.gather(
-            *(self._chain(queue, sid, [requests[i] for i in ix]) for sid, ix in chains.items())
+            *(
+                self._chain(queue, tenant, sid, [requests[i] for i in ix])
+                for sid, ix in chains.items()
+            )
         )
         for indices, chain_results in zip(chains.values(), done, strict=True):
             for i, result in zip(indices, chain_results, strict=True):
@@ -158,11 +170,11 @@ class Sessions:
         return [r for r in results if r is not None]
 
     async def _chain(
-        self, queue: Queue, session_id: str, requests: list[ExecuteRequest]
+        self, queue: Queue, tenant: Tenant, session_id: str, requests: list[ExecuteRequest]
     ) -> list[ExecuteResult]:
         """One session's requests, in order; once one is refused the rest are too (``rejected``:
         the client may resend them, and order is kept)."""
-        session = self.get(session_id)
+        session = self.get(session_id, tenant.name)
         results: list[ExecuteResult] = []
         async with session.lock:
             for request in requests:
@@ -172,10 +184,12 @@ class Sessions:
                         ExecuteResult(id=request.id, status=Status.rejected, message=why)
                     )
                 else:
-                    results.append(await self._step(queue, session, request))
+                    results.append(await self._step(queue, tenant, session, request))
         return results
 
-    async def _step(self, queue: Queue, session: Session, request: ExecuteRequest) -> ExecuteResult:
+    async def _step(
+        self, queue: Queue, tenant: Tenant, session: Session, request: ExecuteRequest
+    ) -> ExecuteResult:
         nonce = _nonce(session.id, request.id)
         code = program(
             [Cell(request.code, request.mode.value)], nonce, replay=session.cells, seed=session.seed
@@ -183,12 +197,12 @@ class Sessions:
         files = {**session.files, **request.files}
         wrapped = request.model_copy(update={"code": code, "mode": Mode.script, "files": files})
         try:
-            [result] = await queue.submit([wrapped])
+            [result] = await queue.submit([wrapped], tenant)
         except QueueFull as exc:  # never ran: the client may send it again
             return ExecuteResult(id=request.id, status=Status.rejected, message=str(exc))
         driven = parse(result.stdout, result.stderr, nonce)
         if driven.replay_failed is not None:
-            self.drop(session.id)
+            self.drop(session.id, session.tenant)
             failed = driven.replay_failed
             why = (
                 f"session {session.id!r} could not be restored: its cell {failed['replay_failed']} "

@@ -6,6 +6,7 @@ own. Each field's description is the text ``sandbox-service --help`` shows for i
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from typing import Annotated
 
@@ -260,3 +261,97 @@ class Settings(BaseSettings):
     docker_cpus: float = Field(
         default=1.0, gt=0, description="CPUs each slot container may use (docker backend)."
     )
+
+    # ------------------------------------------------------------ tenants (issue 16)
+    # Auth is off unless a key file is given: then every request is the tenant `default`.
+    api_keys_file: str = Field(
+        default="",
+        description="File of API keys ('sha256:<hex> tenant [options]' lines, see `sandbox-service "
+        "keys`); when set, every route but /healthz and /readyz needs 'Authorization: Bearer "
+        "KEY'. Reloaded when it changes and on SIGHUP. Empty: auth off, one tenant 'default'.",
+    )
+    auth_max_failures: int = Field(
+        default=20,
+        ge=1,
+        description="Failed authentications one source address may make per auth_failure_window_s; "
+        "beyond, it is answered 429 until the window has passed.",
+    )
+    auth_failure_window_s: float = Field(
+        default=60.0, gt=0, description="The window of auth_max_failures, in seconds."
+    )
+    metrics_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="With auth on, serve /metrics on this port of `host` without a key (for a "
+        "scraper on a private network) instead of behind an admin key on the API port. "
+        "0: on the API port.",
+    )
+    sandboxfusion_tenant: str = Field(
+        default="",
+        description="Auth on: requests to the SandboxFusion routes (/run_code, /run_jupyter) that "
+        "carry no key run as this tenant (one of the key file's), for clients that send no "
+        "headers. Empty: they need a key.",
+    )
+    sandboxfusion_networks: CommaList = Field(
+        default_factory=list,
+        description="With sandboxfusion_tenant: only sources in these networks (CIDRs, e.g. "
+        "10.0.0.0/8) may go without a key. Empty: any source.",
+    )
+    codejudge_tenant: str = Field(
+        default="",
+        description="As sandboxfusion_tenant, for the code-judge routes (/run..., /judge...).",
+    )
+    codejudge_networks: CommaList = Field(
+        default_factory=list,
+        description="As sandboxfusion_networks, for the code-judge routes.",
+    )
+    tenant_reserve_slots: int = Field(
+        default=1,
+        ge=0,
+        description="While several tenants are active, a tenant beyond its weighted share of the "
+        "slots leaves this many free ones to the others (their latency beside a flood). "
+        "0: any free slot goes to whoever has work (embedded mode; see docs/tenants.md).",
+    )
+    tenant_active_window_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="A tenant counts as active for fair sharing this long after its last job.",
+    )
+    max_tenant_labels: int = Field(
+        default=100,
+        ge=1,
+        description="Distinct tenant labels in /metrics at most; later tenants count as 'other'.",
+    )
+    redis_username: str = Field(
+        default="", description="Redis ACL user (instead of one in redis_url)."
+    )
+    redis_password_file: str = Field(
+        default="",
+        description="File holding the Redis password (its first line), instead of one in "
+        "redis_url: a mounted Secret.",
+    )
+    redis_tls_ca_file: str = Field(
+        default="", description="CA bundle that signed Redis's certificate (rediss:// URLs)."
+    )
+    redis_tls_cert_file: str = Field(
+        default="", description="Client certificate for Redis, if it asks for one (rediss://)."
+    )
+    redis_tls_key_file: str = Field(
+        default="", description="The client certificate's private key (rediss://)."
+    )
+
+    @field_validator("sandboxfusion_networks", "codejudge_networks", mode="before")
+    @classmethod
+    def _split_networks(cls, value: object) -> object:
+        return cls._split(value)
+
+    @field_validator("sandboxfusion_networks", "codejudge_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for network in value:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"{network!r} is not a network: {exc}") from None
+        return value

@@ -108,7 +108,7 @@ class Worker:
                 await self.source.retry(job)
                 continue
             self.executions += 1
-            self.metrics.observe(result)
+            self.metrics.observe(result, job.tenant)
             await self.source.done(job, result)
 
     async def run(self, slot: Slot, job: Job) -> ExecuteResult | None:

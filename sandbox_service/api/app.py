@@ -1,11 +1,17 @@
 """``create_app(settings)``: the FastAPI application, its routers, and the runtime's lifespan.
 
 The runtime (embedded slots, or a Redis queue on an API node) is created by the caller or
-here, and started and stopped by the lifespan, never at import time.
+here, and started and stopped by the lifespan, never at import time. With auth on
+(``api_keys_file``) the key file is read here (a file that does not parse stops the start,
+naming the line), the ``api.auth`` middleware goes in front of every route, and the lifespan
+reloads the file when it changes and on SIGHUP.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,11 +24,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import sandbox_service
 from sandbox_service.api import codejudge, errors, health, native, sandboxfusion, verify
 from sandbox_service.api import sessions as session_routes
+from sandbox_service.api.auth import Authenticate, anonymous_fronts
 from sandbox_service.api.errors import BodyTooLarge
+from sandbox_service.metrics import CONTENT_TYPE
 from sandbox_service.models import BatchRequest, ExecuteRequest
+from sandbox_service.probes import serve_probes
 from sandbox_service.runtime import EmbeddedRuntime, Runtime
 from sandbox_service.sessions import Sessions
 from sandbox_service.settings import Settings
+from sandbox_service.tenants import KeyStore
+
+KEY_POLL_S = 2.0  # how often the key file is checked for changes
 
 DESCRIPTION = """\
 Runs untrusted Python fast and isolated, for agentic RL tool calls. Send one program to
@@ -100,14 +112,62 @@ def _with_request_schemas(app: FastAPI, models: list[type[BaseModel]], settings:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+async def _watch_keys(store: KeyStore) -> None:
+    while True:
+        await asyncio.sleep(KEY_POLL_S)
+        store.reload()
+
+
+@contextlib.asynccontextmanager
+async def _keys_kept_fresh(store: KeyStore | None, rt: Runtime) -> AsyncIterator[None]:
+    """While the app runs: the key file reloaded on change and SIGHUP, and /metrics on its own
+    port when ``metrics_port`` is set."""
+    if store is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    watcher = asyncio.create_task(_watch_keys(store), name="api-keys")
+    hup = False
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        loop.add_signal_handler(signal.SIGHUP, store.reload, True)  # not off the main thread
+        hup = True
+    server = None
+    if rt.settings.metrics_port:
+
+        async def metrics() -> tuple[int, str, bytes]:
+            return 200, CONTENT_TYPE, rt.metrics.render()
+
+        server = await serve_probes(
+            rt.settings.host, rt.settings.metrics_port, {"/metrics": metrics}
+        )
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        if hup:
+            loop.remove_signal_handler(signal.SIGHUP)
+        if server is not None:
+            server.close()
+
+
 def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
+    # The key file first: one that does not parse stops the start before any slot does.
+    store = KeyStore.load(settings.api_keys_file) if settings.api_keys_file else None
+    anonymous = (
+        anonymous_fronts(
+            settings, store, {"sandboxfusion": sandboxfusion.PATHS, "codejudge": codejudge.PATHS}
+        )
+        if store is not None
+        else []
+    )
     rt: Runtime = runtime if runtime is not None else EmbeddedRuntime(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await rt.start()
         try:
-            yield
+            async with _keys_kept_fresh(store, rt):
+                yield
         finally:
             await rt.stop()
 
@@ -119,7 +179,12 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.runtime = rt
+    app.state.keys = store
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_mb * 1024 * 1024)
+    if store is not None:  # outermost: nothing is read of a request that has no key
+        app.add_middleware(
+            Authenticate, store=store, settings=settings, metrics=rt.metrics, anonymous=anonymous
+        )
     app.include_router(native.router)
     app.include_router(health.router)
     app.state.sessions = Sessions(settings)

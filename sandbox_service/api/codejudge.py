@@ -34,13 +34,18 @@ from typing import Literal
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
 
+from sandbox_service.api.auth import tenant_of
 from sandbox_service.api.compat import OUTCOMES, Refused, native_request
 from sandbox_service.api.native import BODY_ERRORS, body_of, json_response, parse
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
 from sandbox_service.queue.base import Queue, QueueFull, QueueUnavailable
 from sandbox_service.settings import Settings
+from sandbox_service.tenants import Tenant
 
 router = APIRouter(tags=["code-judge compatible"])
+# codejudge_tenant's reach: every route of this front.
+PATHS = frozenset({"/run", "/run/batch", "/run/long-batch", "/judge", "/judge/batch",
+                   "/judge/long-batch", "/ping", "/status"})  # fmt: skip
 
 NAMES = {
     "code": "solution",
@@ -101,12 +106,13 @@ class ServerStatus(BaseModel):
     num_workers: int
 
 
-def _native(sub: Submission, settings: Settings) -> ExecuteRequest:
+def _native(sub: Submission, settings: Settings, tenant: Tenant) -> ExecuteRequest:
     if sub.type != "python":
         raise Refused(f"type {sub.type!r} is not supported here: this sandbox runs python")
     return native_request(
         settings,
         NAMES,
+        tenant,
         code=sub.solution,
         stdin=sub.input or "",
         timeout_s=min(settings.codejudge_timeout_s, settings.max_timeout_s),
@@ -148,9 +154,11 @@ def _result(sub: Submission, sub_id: str, result: ExecuteResult, cut: int) -> Su
     )
 
 
-async def _chunk(queue: Queue, requests: list[ExecuteRequest]) -> list[ExecuteResult]:
+async def _chunk(
+    queue: Queue, requests: list[ExecuteRequest], tenant: Tenant
+) -> list[ExecuteResult]:
     try:
-        return await queue.submit(requests)
+        return await queue.submit(requests, tenant)
     except QueueFull as exc:
         status, why = Status.queue_timeout, str(exc)
     except QueueUnavailable as exc:
@@ -161,18 +169,19 @@ async def _chunk(queue: Queue, requests: list[ExecuteRequest]) -> list[ExecuteRe
 async def judge(request: Request, subs: Sequence[Submission]) -> list[SubmissionResult]:
     """Run every submission; one result each, in order."""
     settings: Settings = request.app.state.settings
+    tenant = tenant_of(request)
     ids = [sub.sub_id or str(uuid.uuid4()) for sub in subs]
     natives: list[ExecuteRequest | Refused] = []
     for sub in subs:
         try:
-            natives.append(_native(sub, settings))
+            natives.append(_native(sub, settings, tenant))
         except Refused as exc:
             natives.append(exc)
     runnable = [(i, n) for i, n in enumerate(natives) if isinstance(n, ExecuteRequest)]
-    size = settings.max_batch
+    size = min(settings.max_batch, tenant.max_batch or settings.max_batch)
     chunks = [runnable[i : i + size] for i in range(0, len(runnable), size)]
     queue = request.app.state.runtime.queue
-    done = await asyncio.gather(*(_chunk(queue, [n for _, n in chunk]) for chunk in chunks))
+    done = await asyncio.gather(*(_chunk(queue, [n for _, n in chunk], tenant) for chunk in chunks))
     results: list[SubmissionResult] = [
         _not_run(sub_id, Reason.invalid_input, str(native))
         for sub_id, native in zip(ids, natives, strict=True)

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from sandbox_service.api import policy
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
 from sandbox_service.settings import Settings
+from sandbox_service.tenants import Tenant
 
 FusionRunStatus = Literal["Finished", "Error", "TimeLimitExceeded"]
 
@@ -64,7 +65,9 @@ def _name(loc: Any, names: dict[str, str]) -> str:
     return names.get(field, field)
 
 
-def native_request(settings: Settings, names: dict[str, str], **fields: Any) -> ExecuteRequest:
+def native_request(
+    settings: Settings, names: dict[str, str], tenant: Tenant, **fields: Any
+) -> ExecuteRequest:
     """An ExecuteRequest the policy accepts, or ``Refused``; ``names`` maps native field names
     to the front's, for the message."""
     try:
@@ -75,7 +78,7 @@ def native_request(settings: Settings, names: dict[str, str], **fields: Any) -> 
                 f"{_name(e['loc'], names)}: {e['msg']}" for e in exc.errors(include_url=False)
             )
         ) from None
-    found = policy.problems(request, settings, [])
+    found = policy.problems(request, settings, [], tenant)
     if found:
         raise Refused("; ".join(f"{_name(d.loc, names)}: {d.msg}" for d in found))
     return request

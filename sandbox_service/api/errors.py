@@ -2,7 +2,8 @@
 
 Validation problems keep FastAPI's own shape (``{"detail": [{"loc", "msg", "type", "ctx"}]}``)
 so that clients that already understand FastAPI's 422 understand ours; refusals of a whole
-request (429, 503, 413 for an oversized body) carry ``{"detail": "why"}``.
+request (429, 503, 413 for an oversized body; 401, 403 from ``api.auth``) carry
+``{"detail": "why"}``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
 from sandbox_service.models import ErrorDetail
-from sandbox_service.queue.base import QueueFull, QueueUnavailable
+from sandbox_service.queue.base import QueueFull, QueueUnavailable, QuotaExceeded
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(QueueFull)
     async def _full(request: Request, exc: QueueFull) -> JSONResponse:
-        request.app.state.runtime.metrics.refused.labels("429").inc()
+        metrics = request.app.state.runtime.metrics
+        metrics.refused.labels("429").inc()
+        if isinstance(exc, QuotaExceeded):
+            metrics.tenant_refused.labels(metrics.label(exc.tenant), exc.quota).inc()
         return _detail(429, str(exc), {"Retry-After": str(exc.retry_after)})
 
     @app.exception_handler(QueueUnavailable)

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ValidationError
 
 from sandbox_service.api import policy
+from sandbox_service.api.auth import tenant_of
 from sandbox_service.api.errors import from_validation_error
 from sandbox_service.models import (
     BatchRequest,
@@ -34,7 +35,12 @@ BODY_ERRORS: dict[int | str, dict[str, Any]] = {
 ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorBody, "description": "code, inputs or body over the server's limit"},
     422: {"model": ErrorBody, "description": "invalid request; each problem names its field"},
-    429: {"model": ErrorBody, "description": "queue full; retry after the Retry-After header"},
+    401: {"model": ErrorBody, "description": "auth on: missing or invalid API key"},
+    429: {
+        "model": ErrorBody,
+        "description": "queue full, or the key's tenant over a quota (named); retry after "
+        "the Retry-After header",
+    },
     503: {"model": ErrorBody, "description": "shutting down or queue unreachable"},
 }
 
@@ -66,9 +72,12 @@ def json_response(model: BaseModel) -> Response:
 )
 async def execute(request: Request) -> Response:
     execute_request = await parse(request, ExecuteRequest)
-    policy.check_one(execute_request, request.app.state.settings)
+    tenant = tenant_of(request)
+    policy.check_one(execute_request, request.app.state.settings, tenant)
     queue = request.app.state.runtime.queue
-    [result] = await request.app.state.sessions.submit(queue, [execute_request], batch=False)
+    [result] = await request.app.state.sessions.submit(
+        queue, [execute_request], batch=False, tenant=tenant
+    )
     return json_response(result)
 
 
@@ -81,7 +90,8 @@ async def execute(request: Request) -> Response:
 )
 async def execute_batch(request: Request) -> Response:
     batch = await parse(request, BatchRequest)
-    policy.check_batch(batch.requests, request.app.state.settings)
+    tenant = tenant_of(request)
+    policy.check_batch(batch.requests, request.app.state.settings, tenant)
     queue = request.app.state.runtime.queue
-    results = await request.app.state.sessions.submit(queue, batch.requests)
+    results = await request.app.state.sessions.submit(queue, batch.requests, tenant=tenant)
     return json_response(BatchResponse(results=results))

@@ -2,7 +2,10 @@
 
 The models check shape and sanity (types, positive limits, safe file paths, base64); this
 module checks a well-formed request against what this deployment allows. The executor
-enforces whatever it is given and decides nothing.
+enforces whatever it is given and decides nothing. A tenant's own maxima (``max_batch``,
+``max_timeout_s``, ``max_memory_mb`` of its key line) lower the server's, with the same answers
+(422 naming the field, defaults lowered rather than refused): a 429 would tell the client to
+send the same request again, which cannot help.
 """
 
 from __future__ import annotations
@@ -12,6 +15,14 @@ from collections.abc import Sequence
 from sandbox_service.api.errors import RequestRejected
 from sandbox_service.models import ErrorDetail, ExecuteRequest
 from sandbox_service.settings import Settings
+from sandbox_service.tenants import DEFAULT, Tenant
+
+
+def _limit(server: float, mine: float, tenant: Tenant, quota: str) -> tuple[float, str]:
+    """The lower of the server's maximum and the tenant's, and where it comes from."""
+    if mine and mine < server:
+        return mine, f"for tenant {tenant.name!r} (its quota {quota})"
+    return server, "on this server"
 
 
 def _too_large(loc: list[str | int], what: str, size: int, limit: int) -> ErrorDetail:
@@ -24,7 +35,10 @@ def _too_large(loc: list[str | int], what: str, size: int, limit: int) -> ErrorD
 
 
 def problems(
-    request: ExecuteRequest, settings: Settings, loc: list[str | int]
+    request: ExecuteRequest,
+    settings: Settings,
+    loc: list[str | int],
+    tenant: Tenant = DEFAULT,
 ) -> list[ErrorDetail]:
     """What is wrong with one request; sizes come first because they answer 413.
 
@@ -32,10 +46,16 @@ def problems(
     refused: only an explicit ``timeout_s`` or ``memory_mb`` over the maximum is an error.
     """
     given = request.model_fields_set
+    max_timeout, timeout_where = _limit(
+        settings.max_timeout_s, tenant.max_timeout_s, tenant, "max_timeout_s"
+    )
+    max_memory, memory_where = _limit(
+        settings.max_memory_mb, tenant.max_memory_mb, tenant, "max_memory_mb"
+    )
     if "timeout_s" not in given:
-        request.timeout_s = min(request.timeout_s, settings.max_timeout_s)
+        request.timeout_s = min(request.timeout_s, max_timeout)
     if "memory_mb" not in given:
-        request.memory_mb = min(request.memory_mb, settings.max_memory_mb)
+        request.memory_mb = min(request.memory_mb, int(max_memory))
     found = []
     if len(request.code) > settings.max_code_chars:
         size = len(request.code)
@@ -54,19 +74,19 @@ def problems(
                 [*loc, "files"], "files, decoded, in bytes,", files, settings.max_files_bytes
             )
         )
-    if request.timeout_s > settings.max_timeout_s:
+    if request.timeout_s > max_timeout:
         found.append(ErrorDetail(
             loc=[*loc, "timeout_s"],
-            msg=f"timeout_s must be at most {settings.max_timeout_s:g} on this server",
+            msg=f"timeout_s must be at most {max_timeout:g} {timeout_where}",
             type="less_than_equal",
-            ctx={"limit": settings.max_timeout_s},
+            ctx={"limit": max_timeout},
         ))  # fmt: skip
-    if request.memory_mb > settings.max_memory_mb:
+    if request.memory_mb > max_memory:
         found.append(ErrorDetail(
             loc=[*loc, "memory_mb"],
-            msg=f"memory_mb must be at most {settings.max_memory_mb} on this server",
+            msg=f"memory_mb must be at most {max_memory:g} {memory_where}",
             type="less_than_equal",
-            ctx={"limit": settings.max_memory_mb},
+            ctx={"limit": max_memory},
         ))  # fmt: skip
     return found
 
@@ -77,19 +97,22 @@ def _raise(found: list[ErrorDetail]) -> None:
         raise RequestRejected(status, found)
 
 
-def check_one(request: ExecuteRequest, settings: Settings) -> None:
-    _raise(problems(request, settings, ["body"]))
+def check_one(request: ExecuteRequest, settings: Settings, tenant: Tenant = DEFAULT) -> None:
+    _raise(problems(request, settings, ["body"], tenant))
 
 
-def check_batch(requests: Sequence[ExecuteRequest], settings: Settings) -> None:
-    if len(requests) > settings.max_batch:
+def check_batch(
+    requests: Sequence[ExecuteRequest], settings: Settings, tenant: Tenant = DEFAULT
+) -> None:
+    limit, where = _limit(settings.max_batch, tenant.max_batch, tenant, "max_batch")
+    if len(requests) > limit:
         _raise([ErrorDetail(
             loc=["body", "requests"],
-            msg=f"batch of {len(requests)} requests; at most {settings.max_batch} per batch",
+            msg=f"batch of {len(requests)} requests; at most {limit:g} per batch {where}",
             type="too_long",
-            ctx={"limit": settings.max_batch, "size": len(requests)},
+            ctx={"limit": int(limit), "size": len(requests)},
         )])  # fmt: skip
     found: list[ErrorDetail] = []
     for i, request in enumerate(requests):
-        found.extend(problems(request, settings, ["body", "requests", i]))
+        found.extend(problems(request, settings, ["body", "requests", i], tenant))
     _raise(found)

@@ -31,6 +31,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from sandbox_service.api.auth import tenant_of
 from sandbox_service.api.compat import (
     OUTCOMES,
     FusionRunStatus,
@@ -52,6 +53,7 @@ from sandbox_service.programs import parse as parse_driven
 from sandbox_service.queue.base import QueueFull, QueueUnavailable
 
 router = APIRouter(tags=["SandboxFusion compatible"])
+PATHS = frozenset({"/run_code", "/run_jupyter", "/v1/ping"})  # sandboxfusion_tenant's reach
 
 NAMES = {"timeout_s": "run_timeout", "memory_mb": "memory_limit_MB"}
 
@@ -162,7 +164,7 @@ async def _execute(
     if wrapped is not None:  # limits were checked on the caller's code, not on the driver
         native = native.model_copy(update={"code": wrapped})
     try:
-        [result] = await request.app.state.runtime.queue.submit([native])
+        [result] = await request.app.state.runtime.queue.submit([native], tenant_of(request))
     except (QueueFull, QueueUnavailable) as exc:
         return _busy(request, exc)
     if wrapped is None:
@@ -177,6 +179,7 @@ def _code_request(body: RunCodeRequest, request: Request) -> ExecuteRequest:
     return native_request(
         request.app.state.settings,
         NAMES,
+        tenant_of(request),
         code=body.code,
         stdin=body.stdin or "",
         files=files,
@@ -249,6 +252,7 @@ async def run_jupyter(request: Request) -> Response:
         native = native_request(
             request.app.state.settings,
             {"code": "cells", "timeout_s": "total_timeout", "memory_mb": "memory_limit_MB"},
+            tenant_of(request),
             code="\n".join(body.cells),
             files=body.files,
             **_limits(request, body.total_timeout, body.memory_limit_MB),

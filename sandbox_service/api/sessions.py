@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from sandbox_service.api.auth import tenant_of
 from sandbox_service.models import ErrorBody
 
 router = APIRouter(tags=["sessions"])
@@ -39,7 +40,7 @@ def _missing(session_id: str) -> JSONResponse:
 )
 async def session_info(session_id: str, request: Request) -> Response:
     sessions = request.app.state.sessions
-    session = sessions.peek(session_id)
+    session = sessions.peek(session_id, tenant_of(request).name)
     if session is None:
         return _missing(session_id)
     idle = time.monotonic() - session.used_at
@@ -60,6 +61,6 @@ async def session_info(session_id: str, request: Request) -> Response:
     summary="End a session and forget its state",
 )
 async def end_session(session_id: str, request: Request) -> Response:
-    if not request.app.state.sessions.drop(session_id):
+    if not request.app.state.sessions.drop(session_id, tenant_of(request).name):
         return _missing(session_id)
     return Response(status_code=204)

@@ -16,6 +16,7 @@ import json
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field, StrictBool
 
+from sandbox_service.api.auth import tenant_of
 from sandbox_service.api.errors import RequestRejected
 from sandbox_service.api.native import ERRORS, body_of, json_response, parse
 from sandbox_service.models import ErrorDetail, ExecuteRequest, ExecuteResult, JsonFloat
@@ -107,17 +108,17 @@ def _unfinished(result: ExecuteResult, timeout_s: float) -> VerifyResult:
 
 
 async def verify_all(request: Request, body: VerifyRequest) -> list[VerifyResult]:
-    queue = request.app.state.runtime.queue
+    queue, tenant = request.app.state.runtime.queue, tenant_of(request)
     indexed = list(enumerate(body.items))
     chunks = [indexed[i : i + CHUNK] for i in range(0, len(indexed), CHUNK)]
     nonce = new_nonce()
-    ran = await queue.submit([_request(c, body.timeout_s, nonce) for c in chunks])
+    ran = await queue.submit([_request(c, body.timeout_s, nonce) for c in chunks], tenant)
     verdicts: dict[int, VerifyResult] = {}
     for result in ran:
         verdicts.update(_verdicts(result, nonce))
     missing = [pair for pair in indexed if pair[0] not in verdicts]
     if missing:  # a chunk was cut short: each of its unanswered items alone
-        alone = await queue.submit([_request([p], body.timeout_s, nonce) for p in missing])
+        alone = await queue.submit([_request([p], body.timeout_s, nonce) for p in missing], tenant)
         for (index, _), result in zip(missing, alone, strict=True):
             found = _verdicts(result, nonce)
             verdicts[index] = found.get(index) or _unfinished(result, body.timeout_s)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
+from sandbox_service.tenants import DEFAULT, DEFAULT_TENANT, Tenant
 
 MAX_ATTEMPTS = 2  # a job whose zygote died under it runs once more, then is answered
 
@@ -32,6 +33,31 @@ class QueueFull(Exception):
         )
 
 
+class QuotaExceeded(QueueFull):
+    """The tenant is over one of its quotas (HTTP 429, naming it); other tenants are not."""
+
+    def __init__(self, tenant: str, quota: str, why: str, retry_after: int) -> None:
+        self.tenant, self.quota = tenant, quota
+        Exception.__init__(
+            self,
+            f"tenant {tenant!r} is over its quota {quota}: {why}; retry after {retry_after} s",
+        )
+        self.depth, self.limit, self.wanted, self.retry_after = 0, 0, 0, retry_after
+
+
+def check_queued(tenant: Tenant, held: int, fresh: int, retry_after: int) -> None:
+    """Raise QuotaExceeded if ``fresh`` more jobs would take ``tenant`` over ``max_queued``."""
+    if tenant.max_queued and fresh and held + fresh > tenant.max_queued:
+        why = f"{held} jobs waiting or running, {fresh} more asked, at most {tenant.max_queued}"
+        raise QuotaExceeded(tenant.name, "max_queued", why, retry_after)
+
+
+def scoped(tenant: str, request_id: str) -> str:
+    """An idempotency key within its tenant: another tenant's same id is another job. Tenant
+    names cannot hold ':', so the split is unambiguous."""
+    return f"{tenant}:{request_id}"
+
+
 class QueueUnavailable(Exception):
     """The queue cannot take work now: shutting down, or its backing store is unreachable
     (HTTP 503)."""
@@ -44,6 +70,9 @@ class Job:
     start_by: float  # not started by then: queue_timeout
     attempts: int = 0
     key: str = ""
+    tenant: str = DEFAULT_TENANT
+    charged: float = 0.0  # slot-seconds charged to its tenant when it started (queue.fair)
+    started: float = 0.0  # monotonic, when a slot took it
     future: asyncio.Future[ExecuteResult] | None = field(default=None, repr=False)
 
 
@@ -126,8 +155,11 @@ class Queue(abc.ABC):
     async def close(self) -> None: ...
 
     @abc.abstractmethod
-    async def submit(self, requests: Sequence[ExecuteRequest]) -> list[ExecuteResult]:
-        """Run every request; results in request order. Raises QueueFull, QueueUnavailable."""
+    async def submit(
+        self, requests: Sequence[ExecuteRequest], tenant: Tenant = DEFAULT
+    ) -> list[ExecuteResult]:
+        """Run every request for ``tenant``; results in request order. Raises QueueFull (and
+        QuotaExceeded), QueueUnavailable."""
 
     @abc.abstractmethod
     def begin_shutdown(self) -> None:

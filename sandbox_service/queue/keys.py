@@ -7,9 +7,20 @@ redis-streams scaler) read those two names, so change them only together.
 =============================  ==========  =====================================================
 key                            type        what
 =============================  ==========  =====================================================
-``{p}:jobs``                   stream      chunks of jobs to run; group ``workers`` reads it.
-                                           Entry fields: ``n`` jobs, ``reply`` stream, ``jobs``
+``{p}:jobs``                   stream      chunks of jobs to run, waiting or held; group
+                                           ``workers`` holds the pending list (entries are
+                                           claimed by ``take``, never read with ``>``). Fields:
+                                           ``n`` jobs, ``reply`` stream, ``tenant``, ``jobs``
                                            (a JSON list). Settled entries are deleted.
+``{p}:ready:<tenant>``         list        ``n|entry id`` of a tenant's chunks no worker holds,
+                                           oldest first (put-back ones at the head)
+``{p}:active``                 sorted set  tenants with ready chunks, by virtual time
+``{p}:fair``                   hash        per tenant ``vtime:``, ``mean:`` (run time per job),
+                                           ``weight:``, ``cap:`` (max_in_flight), ``queued:``
+                                           (waiting+running), ``running:`` (held by workers);
+                                           ``clock``: the virtual time of the last choice
+``{p}:bell``                   stream      one entry (MAXLEN 1) renewed when work arrives:
+                                           idle workers block on it
 ``{p}:depth``                  string      jobs admitted and not yet settled (waiting+running)
 ``{p}:epoch``                  string      random token set once; a new one means Redis lost
                                            its data (restarted empty): in-flight work is gone
@@ -17,9 +28,9 @@ key                            type        what
 ``{p}:workers``                set         names of workers that sent a heartbeat
 ``{p}:worker:<name>``          string      a worker's last heartbeat (JSON), expires when it dies
 ``{p}:replies:<node>``         stream      results for the API node ``node`` (field: job key)
-``{p}:result:<id>``            string      stored result of a request ``id`` (expires: TTL)
-``{p}:claim:<id>``             string      job key of the running job with request ``id``
-``{p}:waiters:<id>``           set         reply streams of other API nodes waiting on ``id``
+``{p}:result:<t>:<id>``        string      stored result of tenant t's request ``id`` (TTL)
+``{p}:claim:<t>:<id>``         string      job key of the running job with that ``id``
+``{p}:waiters:<t>:<id>``       set         reply streams of other API nodes waiting on it
 =============================  ==========  =====================================================
 """
 
@@ -38,6 +49,21 @@ class Keys:
     @property
     def jobs(self) -> str:
         return f"{self.prefix}:jobs"
+
+    @property
+    def fair(self) -> str:
+        return f"{self.prefix}:fair"
+
+    @property
+    def active(self) -> str:
+        return f"{self.prefix}:active"
+
+    @property
+    def bell(self) -> str:
+        return f"{self.prefix}:bell"
+
+    def ready(self, tenant: str) -> str:
+        return f"{self.prefix}:ready:{tenant}"
 
     @property
     def depth(self) -> str:
@@ -71,9 +97,12 @@ class Keys:
         return f"{self.prefix}:waiters:{request_id}"
 
     def of_id(self, request_id: str) -> list[str]:
-        """The three keys of an idempotent request, in the order the scripts expect."""
+        """The three keys of an idempotent request, in the order the scripts expect;
+        ``request_id`` is scoped to its tenant (``queue.base.scoped``)."""
         return [self.result(request_id), self.claim(request_id), self.waiters(request_id)]
 
 
+FAIR_QUEUED = "queued:"  # + tenant: fields of the fair hash the API nodes read
+FAIR_RUNNING = "running:"
 STATS_RECLAIMED = "reclaimed"
 STATS_EXECUTIONS = "executions:"  # + status

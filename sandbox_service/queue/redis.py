@@ -94,10 +94,19 @@ from sandbox_service.queue.base import (
     Queue,
     QueueFull,
     QueueUnavailable,
+    QuotaExceeded,
+    check_queued,
     queue_timeout,
     result_for,
+    scoped,
 )
-from sandbox_service.queue.keys import GROUP, STATS_EXECUTIONS, STATS_RECLAIMED
+from sandbox_service.queue.keys import (
+    FAIR_QUEUED,
+    FAIR_RUNNING,
+    GROUP,
+    STATS_EXECUTIONS,
+    STATS_RECLAIMED,
+)
 from sandbox_service.queue.redis_link import (
     BLOCK_MS,
     RedisLink,
@@ -110,6 +119,7 @@ from sandbox_service.queue.redis_link import (
 from sandbox_service.queue.redis_source import RedisJobSource
 from sandbox_service.queue.scripts import ADMIT, SETTLE
 from sandbox_service.settings import Settings
+from sandbox_service.tenants import DEFAULT, DEFAULT_TENANT, RateLimiter, Tenant
 from sandbox_service.worker import default_name
 
 log = logging.getLogger(__name__)
@@ -124,6 +134,23 @@ ORPHANS_MAX = 4096  # results that arrived before (or after) anyone waited for t
 # ---------------------------------------------------------------- the API node's face
 
 
+def tenant_counts(fair: dict[bytes, bytes]) -> dict[str, tuple[int, int]]:
+    """(waiting, running) per tenant from the fair hash (``queued:`` counts both)."""
+    queued: dict[str, int] = {}
+    running: dict[str, int] = {}
+    for field_name, value in fair.items():
+        name = field_name.decode()
+        if name.startswith(FAIR_QUEUED):
+            queued[name.removeprefix(FAIR_QUEUED)] = int(value)
+        elif name.startswith(FAIR_RUNNING):
+            running[name.removeprefix(FAIR_RUNNING)] = int(value)
+    return {
+        t: (max(0, n - running.get(t, 0)), running.get(t, 0))
+        for t, n in queued.items()
+        if n or running.get(t, 0)
+    }
+
+
 @dataclass(eq=False)
 class Sent:
     """A chunk this API node queued, until all of its jobs are answered."""
@@ -131,6 +158,7 @@ class Sent:
     id: bytes
     keys: list[str]
     start_by: float
+    tenant: str = DEFAULT_TENANT
     delivered: bool = False  # a worker took it: from now on only workers answer it
 
 
@@ -168,10 +196,16 @@ class RedisQueue(Queue):
         self._reject: str | None = None  # set when the grace period is over
         self._tasks: list[asyncio.Task[None]] = []
         self._next_lost_check = 0.0
+        self._rates = RateLimiter()
+        self._tenant_counts: dict[str, tuple[int, int]] = {}
 
     @property
     def in_flight(self) -> int:
         return len(self._waiting)
+
+    def tenant_counts(self) -> dict[str, tuple[int, int]]:
+        """(waiting, running) per tenant across the deployment, as the last sweep read them."""
+        return self._tenant_counts
 
     async def start(self) -> None:
         try:
@@ -186,7 +220,7 @@ class RedisQueue(Queue):
 
     # ------------------------------------------------------------- submit
 
-    def _jobs(self, requests: Sequence[ExecuteRequest]) -> tuple[list[Job], list[Job]]:
+    def _jobs(self, requests: Sequence[ExecuteRequest], tenant: str) -> tuple[list[Job], list[Job]]:
         """One job per request, one per distinct id: (jobs in request order, distinct jobs)."""
         now = time.time()
         start_by = now + self.settings.max_queue_wait_s
@@ -195,49 +229,78 @@ class RedisQueue(Queue):
         for request in requests:
             job = by_id.get(request.id) if request.id is not None else None
             if job is None:
-                job = Job(request, now, start_by, key=f"{self.node}.{next(self._seq)}")
+                job = Job(
+                    request, now, start_by, key=f"{self.node}.{next(self._seq)}", tenant=tenant
+                )
                 if request.id is not None:
                     by_id[request.id] = job
             jobs.append(job)
         return jobs, list(dict.fromkeys(jobs))
 
-    def _admit_call(self, fresh: list[Job], offer: bytes) -> tuple[list[str], list[Any]]:
-        s = self.settings
-        names = [self.keys.jobs, self.keys.depth, self.keys.epoch]
+    def _admit_call(
+        self, fresh: list[Job], offer: bytes, tenant: Tenant
+    ) -> tuple[list[str], list[Any]]:
+        s, k = self.settings, self.keys
+        names = [k.jobs, k.depth, k.epoch, k.fair, k.active, k.bell, k.ready(tenant.name)]
         claim_ttl_s = s.max_queue_wait_s + s.max_timeout_s + s.visibility_timeout_s + LOST_GRACE_S
+        # A tenant with max_in_flight gets chunks no larger, so that take can honour it.
+        chunk_size = min(s.chunk_size, tenant.max_in_flight or s.chunk_size)
         args: list[Any] = [
             s.max_queue_depth,
-            s.chunk_size,
+            chunk_size,
             self.reply,
             GROUP,
             int(claim_ttl_s * 1000),
             len(fresh),
             offer,
+            tenant.name,
+            repr(float(tenant.weight)),
+            tenant.max_in_flight,
+            tenant.max_queued,
         ]
         for job in fresh:
             slot = 0
             if job.request.id is not None:
-                names.extend(self.keys.of_id(job.request.id))
-                slot = (len(names) - 3) // 3
+                names.extend(k.of_id(scoped(tenant.name, job.request.id)))
+                slot = (len(names) - 7) // 3
             args += [job.key, slot, encode_job(job)]
         return names, args
 
-    async def submit(self, requests: Sequence[ExecuteRequest]) -> list[ExecuteResult]:
+    def _refuse(self, tenant: Tenant, reply: list[Any]) -> None:
+        """The admission script said no: QueueFull, or QuotaExceeded for the tenant's own."""
+        s = self.settings
+        held, wanted = int(reply[1]), int(reply[3])
+        self._rates.refund(tenant, wanted)
+        if reply[0] == b"quota":
+            why = (
+                f"{held} jobs waiting or running, {wanted} more asked, at most {tenant.max_queued}"
+            )
+            raise QuotaExceeded(tenant.name, "max_queued", why, s.retry_after_s)
+        self.cluster_depth = held
+        raise QueueFull(held, s.max_queue_depth, wanted, s.retry_after_s)
+
+    async def submit(
+        self, requests: Sequence[ExecuteRequest], tenant: Tenant = DEFAULT
+    ) -> list[ExecuteResult]:
         if self._closing:
             raise QueueUnavailable("this API node is shutting down and takes no new work")
-        jobs, fresh = self._jobs(requests)
+        jobs, fresh = self._jobs(requests, tenant.name)
+        wait = self._rates.take(tenant, len(fresh))  # per API node: see docs/tenants.md
+        if wait:
+            why = f"{len(fresh)} executions asked, at most {tenant.max_rate:g} a second"
+            raise QuotaExceeded(tenant.name, "max_rate", why, max(1, int(wait + 0.999)))
         offer = self.link.epoch_offer()
         try:
-            reply = await self.link.script(ADMIT, *self._admit_call(fresh, offer))
-        except ResponseError as exc:
+            reply = await self.link.script(ADMIT, *self._admit_call(fresh, offer, tenant))
+        except (ResponseError, QueueUnavailable) as exc:
+            self._rates.refund(tenant, len(fresh))
+            if isinstance(exc, QueueUnavailable):
+                raise
             raise QueueUnavailable(f"Redis at {self.link.where} refused the work: {exc}") from exc
         if self.link.epoch_changed(reply[2], offer):
             self._lost_everything()  # before this batch joins the waiting: it is not lost
-        if reply[0] == b"full":
-            depth, wanted = int(reply[1]), int(reply[3])
-            self.cluster_depth = depth
-            s = self.settings
-            raise QueueFull(depth, s.max_queue_depth, wanted, s.retry_after_s)
+        if reply[0] in (b"full", b"quota"):
+            self._refuse(tenant, reply)
         self.cluster_depth = int(reply[1])
         futures = self._register(fresh, reply)
         # Shielded: a caller that goes away must not cancel a job another caller joined.
@@ -245,8 +308,8 @@ class RedisQueue(Queue):
 
     def _register(self, fresh: list[Job], reply: list[Any]) -> dict[Job, asyncio.Future[Any]]:
         loop = asyncio.get_running_loop()
-        start_by = fresh[0].start_by
-        sent = [Sent(chunk_id, [], start_by) for chunk_id in reply[3 + 2 * len(fresh) :]]
+        start_by, tenant = fresh[0].start_by, fresh[0].tenant
+        sent = [Sent(chunk_id, [], start_by, tenant) for chunk_id in reply[3 + 2 * len(fresh) :]]
         futures: dict[Job, asyncio.Future[Any]] = {}
         for i, job in enumerate(fresh):
             kind, value = reply[3 + 2 * i], reply[4 + 2 * i]
@@ -286,7 +349,7 @@ class RedisQueue(Queue):
         self._resolve(job, ExecuteResult.model_validate_json(body))
 
     def _resolve(self, job: Job, result: ExecuteResult) -> None:
-        self.metrics.observe(result)
+        self.metrics.observe(result, job.tenant)
         if job.future is not None and not job.future.done():
             job.future.set_result(result)
 
@@ -335,7 +398,13 @@ class RedisQueue(Queue):
                     results = [(j, queue_timeout(j, wait)) for j in open_jobs]
                 due.append(
                     Settlement(
-                        chunk.id, self.reply, len(chunk.keys), results, only_if_undelivered=True
+                        chunk.id,
+                        self.reply,
+                        len(chunk.keys),
+                        results,
+                        only_if_undelivered=True,
+                        tenant=chunk.tenant,
+                        held=False,
                     )
                 )
         return due
@@ -353,6 +422,7 @@ class RedisQueue(Queue):
             pipe.get(self.keys.depth)
             pipe.xtrim(self.reply, minid=self._last_id, approximate=False)
             pipe.expire(self.reply, REPLY_TTL_S)
+            pipe.hgetall(self.keys.fair)
             for settlement in due:
                 self.link.add_script(pipe, SETTLE, *settlement.call(self.keys, ttl))
 
@@ -361,7 +431,8 @@ class RedisQueue(Queue):
             self._lost_everything()
             return
         self.cluster_depth = int(results[1] or 0)
-        for settlement, outcome in zip(due, results[4:], strict=True):
+        self._tenant_counts = tenant_counts(results[4])
+        for settlement, outcome in zip(due, results[5:], strict=True):
             # Not there if a submit noticed a Redis restart (and forgot every chunk) meanwhile.
             chunk = self._sent.get(settlement.chunk_id)  # type: ignore[arg-type]
             if outcome == -1 and chunk is not None:

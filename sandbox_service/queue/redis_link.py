@@ -28,10 +28,11 @@ from redis.maint_notifications import MaintNotificationsConfig
 
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
-from sandbox_service.queue.base import Job, QueueUnavailable
+from sandbox_service.queue.base import Job, QueueUnavailable, scoped
 from sandbox_service.queue.keys import GROUP, Keys
 from sandbox_service.queue.scripts import SCRIPTS, Script
 from sandbox_service.settings import Settings
+from sandbox_service.tenants import DEFAULT_TENANT
 
 CONNECT_TIMEOUT_S = 2.0
 SOCKET_TIMEOUT_S = 10.0  # above BLOCK_MS, below anything a client would wait for
@@ -50,6 +51,27 @@ def redacted(url: str) -> str:
     if "@" in rest:
         rest = "***@" + rest.rsplit("@", 1)[1]
     return f"{scheme}{sep}{rest}"
+
+
+def credentials(settings: Settings) -> dict[str, Any]:
+    """Connection options beyond the URL: an ACL user, a password read from a file (a mounted
+    Secret: its first line), and for ``rediss://`` the CA and client certificate to use."""
+    options: dict[str, Any] = {}
+    if settings.redis_username:
+        options["username"] = settings.redis_username
+    if settings.redis_password_file:
+        try:
+            with open(settings.redis_password_file, encoding="utf-8") as f:
+                options["password"] = f.readline().rstrip("\r\n")
+        except OSError as exc:  # a start-up error (the CLI prints it and exits 1)
+            raise OSError(f"cannot read redis_password_file: {exc}") from None
+    if settings.redis_url.startswith("rediss://"):
+        for name, setting in (("ssl_ca_certs", settings.redis_tls_ca_file),
+                              ("ssl_certfile", settings.redis_tls_cert_file),
+                              ("ssl_keyfile", settings.redis_tls_key_file)):  # fmt: skip
+            if setting:
+                options[name] = setting
+    return options
 
 
 def backoff(attempt: int) -> float:
@@ -93,6 +115,7 @@ class WireJob(BaseModel):
     enqueued_at: float
     start_by: float
     attempts: int = 0
+    tenant: str = DEFAULT_TENANT
 
 
 WIRE_JOBS = TypeAdapter(list[WireJob])
@@ -102,7 +125,8 @@ def encode_job(job: Job) -> str:
     request = job.request.model_dump_json(exclude_defaults=True)
     return (
         f'{{"key":{json.dumps(job.key)},"enqueued_at":{job.enqueued_at!r},'
-        f'"start_by":{job.start_by!r},"attempts":{job.attempts},"request":{request}}}'
+        f'"start_by":{job.start_by!r},"attempts":{job.attempts},'
+        f'"tenant":{json.dumps(job.tenant)},"request":{request}}}'
     )
 
 
@@ -112,7 +136,7 @@ def encode_jobs(jobs: Sequence[Job]) -> str:
 
 def decode_jobs(body: bytes) -> list[Job]:
     return [
-        Job(w.request, w.enqueued_at, w.start_by, attempts=w.attempts, key=w.key)
+        Job(w.request, w.enqueued_at, w.start_by, attempts=w.attempts, key=w.key, tenant=w.tenant)
         for w in WIRE_JOBS.validate_json(body)
     ]
 
@@ -128,10 +152,16 @@ class Settlement:
     requeue: list[list[Job]] = field(default_factory=list)
     only_if_undelivered: bool = False
     reclaimed: int = 0
+    tenant: str = DEFAULT_TENANT
+    held: bool = True  # a worker took it (from the API node: False)
+    estimate: float = 0.0  # what take charged its tenant
+    took: float = 0.0  # slot-seconds its jobs used
+    ran: int = 0  # how many of them ran
 
     def call(self, keys: Keys, result_ttl_s: float) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the settle script."""
-        names = [keys.jobs, keys.depth, self.reply]
+        names = [keys.jobs, keys.depth, self.reply, keys.fair, keys.active, keys.bell,
+                 keys.ready(self.tenant)]  # fmt: skip
         args: list[Any] = [
             GROUP,
             self.chunk_id,
@@ -139,13 +169,18 @@ class Settlement:
             int(self.only_if_undelivered),
             REPLY_MAXLEN,
             int(result_ttl_s * 1000),
+            self.tenant,
+            int(self.held),
+            repr(self.estimate),
+            repr(self.took),
+            self.ran,
             len(self.results),
         ]
         for job, result in self.results:
             rid, slot = job.request.id, 0
             if rid is not None:
-                names.extend(keys.of_id(rid))
-                slot = (len(names) - 3) // 3
+                names.extend(keys.of_id(scoped(job.tenant, rid)))
+                slot = (len(names) - 7) // 3
             cache = rid is not None and result_ttl_s > 0 and result.status not in NOT_CACHED
             args += [job.key, slot, int(cache), result.model_dump_json()]
         args.append(len(self.requeue))
@@ -168,6 +203,7 @@ class RedisLink:
         # Bounded: a burst of requests waits for a connection instead of opening thousands.
         pool = aioredis.BlockingConnectionPool.from_url(
             settings.redis_url,
+            **credentials(settings),
             max_connections=MAX_CONNECTIONS,
             timeout=SOCKET_TIMEOUT_S,
             socket_connect_timeout=CONNECT_TIMEOUT_S,

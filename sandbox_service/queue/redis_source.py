@@ -1,7 +1,9 @@
 """The worker node's face of the Redis queue: the ``JobSource`` its slots take jobs from.
 
-It takes a chunk at a time while fewer jobs than slots wait in its hands, settles each chunk
-once all its jobs are answered (chunks that finish together share one round trip), sends a
+It takes a chunk at a time while fewer jobs than slots wait in its hands (the ``take`` script
+chooses whose: the tenant whose turn it is, ``queue.fair``), blocks on the bell when there is
+nothing it may take, settles each chunk once all its jobs are answered (chunks that finish
+together share one round trip; the settle tells Redis what the chunk really took), sends a
 heartbeat that also keeps its chunks from being reclaimed, and takes over the chunks of
 workers that went silent. The design is described in ``queue.redis``.
 """
@@ -27,6 +29,7 @@ from redis.typing import StreamIdT
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import ExecuteResult, Status
 from sandbox_service.queue.base import Job, QueueUnavailable, park, result_for, wake
+from sandbox_service.queue.fair import INITIAL_MEAN_S
 from sandbox_service.queue.keys import GROUP, STATS_EXECUTIONS, STATS_RECLAIMED
 from sandbox_service.queue.redis_link import (
     BLOCK_MS,
@@ -38,8 +41,9 @@ from sandbox_service.queue.redis_link import (
     loop_failed,
     stop_tasks,
 )
-from sandbox_service.queue.scripts import SETTLE
+from sandbox_service.queue.scripts import SETTLE, TAKE
 from sandbox_service.settings import Settings
+from sandbox_service.tenants import DEFAULT_TENANT
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +60,21 @@ class Held:
     id: bytes
     reply: str
     jobs: list[Job]
+    tenant: str = DEFAULT_TENANT
+    estimate: float = 0.0  # what take charged the tenant for it
     results: dict[Job, ExecuteResult] = field(default_factory=dict)
     running: int = 0
     settling: bool = False
+    took: float = 0.0  # slot-seconds its jobs used so far
+    ran: int = 0
+
+
+Fields = dict[bytes, bytes]
+
+
+def _fields(flat: list[bytes]) -> Fields:
+    """A stream entry's fields as a script returns them (a flat list) as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 class RedisJobSource:
@@ -89,6 +105,7 @@ class RedisJobSource:
         self._taking = True
         self._closed = False
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tenants: list[str] = []  # tenants take may choose from (it asks for more)
 
     async def start(self, describe: Callable[[], dict[str, Any]]) -> None:
         self.describe = describe
@@ -121,6 +138,7 @@ class RedisJobSource:
             if self._ready:
                 job = self._ready.popleft()
                 self._chunk_of[job].running += 1
+                job.started = time.monotonic()
                 if len(self._ready) < self.settings.slots:
                     self._want_more.set()
                 return job
@@ -131,6 +149,8 @@ class RedisJobSource:
     async def done(self, job: Job, result: ExecuteResult) -> None:
         held = self._chunk_of.pop(job)
         held.running -= 1
+        held.took += time.monotonic() - job.started
+        held.ran += 1
         held.results[job] = result
         self._settle_if_done(held)
         self._want_more.set()
@@ -138,6 +158,7 @@ class RedisJobSource:
     async def retry(self, job: Job) -> None:
         held = self._chunk_of[job]
         held.running -= 1
+        held.took += time.monotonic() - job.started
         job.attempts += 1
         self._ready.appendleft(job)
         wake(self._getters, 1)
@@ -153,14 +174,7 @@ class RedisJobSource:
                 await self._want_more.wait()
                 continue
             try:
-                streams = await self.link.call(
-                    "xreadgroup",
-                    GROUP,
-                    self.name,
-                    {self.keys.jobs: ">"},
-                    count=1,
-                    block=None if self.burst else BLOCK_MS,
-                )
+                got = await self._take()
             except Exception as exc:
                 if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
                     await self._recreate_group(exc)
@@ -170,12 +184,30 @@ class RedisJobSource:
                 failures += 1
                 continue
             failures = 0
-            entries = [entry for _stream, got in streams or [] for entry in got]
-            if entries:
-                self._hold(entries)
-            elif self.burst and not await self._more_in_burst():
+            if got is None:
+                continue
+            if not got and self.burst and not await self._more_in_burst():
                 self.finished.set()
                 return
+
+    async def _take(self) -> bool | None:
+        """One call of the take script: True if a chunk came (now held), None to call again at
+        once (it named tenants we did not know), False once the bell rang or timed out."""
+        k = self.keys
+        names = [k.jobs, k.fair, k.active, k.bell, *(k.ready(t) for t in self._tenants)]
+        args = [GROUP, self.name, len(self._tenants), *self._tenants, repr(INITIAL_MEAN_S)]
+        reply = await self.link.script(TAKE, names, args)
+        kind = reply[0]
+        if kind == b"tenants":
+            self._tenants = sorted({*self._tenants, *(t.decode() for t in reply[1:])})
+            return None
+        if kind == b"chunk":
+            self._hold(reply[1], _fields(reply[2]), float(reply[3]))
+            return True
+        if self.burst:
+            return False
+        await self.link.call("xread", {k.bell: reply[1]}, count=1, block=BLOCK_MS)
+        return False
 
     def _holding_a_retry(self) -> bool:
         """A job that was in the hands of a worker that vanished may be what killed it: while
@@ -204,28 +236,30 @@ class RedisJobSource:
         )
         return self._reclaim(got[1]) > 0
 
-    def _parse(self, entry_id: bytes, fields: dict[bytes, bytes]) -> tuple[str, list[Job]] | None:
-        """(reply stream, jobs) of a chunk; a malformed one is removed and None returned."""
+    def _parse(self, entry_id: bytes, fields: Fields) -> tuple[str, str, list[Job]] | None:
+        """(reply stream, tenant, jobs) of a chunk; a malformed one is removed and None
+        returned."""
+        tenant = fields.get(b"tenant", DEFAULT_TENANT.encode()).decode(errors="replace")
         try:
-            return fields[b"reply"].decode(), decode_jobs(fields[b"jobs"])
+            return fields[b"reply"].decode(), tenant, decode_jobs(fields[b"jobs"])
         except (KeyError, ValueError) as exc:
             log.error("removing malformed chunk %r: %s", entry_id, exc)
             n = int(fields.get(b"n", b"0"))
-            self._queue_settle(Settlement(entry_id, self.keys.replies("nobody"), n, []))
+            nobody = self.keys.replies("nobody")
+            self._queue_settle(Settlement(entry_id, nobody, n, [], tenant=tenant))
             return None
 
-    def _hold(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
-        for entry_id, fields in entries:
-            parsed = self._parse(entry_id, fields)
-            if parsed is None:
-                continue
-            reply, jobs = parsed
-            held = Held(entry_id, reply, jobs)
-            self._held[entry_id] = held
-            for job in jobs:
-                self._chunk_of[job] = held
-            self._ready.extend(jobs)
-            wake(self._getters, len(jobs))
+    def _hold(self, entry_id: bytes, fields: Fields, estimate: float) -> None:
+        parsed = self._parse(entry_id, fields)
+        if parsed is None:
+            return
+        reply, tenant, jobs = parsed
+        held = Held(entry_id, reply, jobs, tenant, estimate)
+        self._held[entry_id] = held
+        for job in jobs:
+            self._chunk_of[job] = held
+        self._ready.extend(jobs)
+        wake(self._getters, len(jobs))
 
     def _reclaim(self, entries: list[tuple[bytes, dict[bytes, bytes] | None]]) -> int:
         """Chunks of a silent worker: each job counts one more attempt and goes back alone
@@ -236,7 +270,7 @@ class RedisJobSource:
             parsed = self._parse(entry_id, fields) if fields is not None else None
             if parsed is None:
                 continue
-            reply, jobs = parsed
+            reply, tenant, jobs = parsed
             results, again = [], []
             for job in jobs:
                 job.attempts += 1
@@ -256,7 +290,9 @@ class RedisJobSource:
                 else:
                     again.append([job])
             self._queue_settle(
-                Settlement(entry_id, reply, len(jobs), results, again, reclaimed=len(jobs))
+                Settlement(
+                    entry_id, reply, len(jobs), results, again, reclaimed=len(jobs), tenant=tenant
+                )
             )
             taken += len(jobs)
         if taken:
@@ -288,6 +324,10 @@ class RedisJobSource:
                 len(held.jobs),
                 list(held.results.items()),
                 [unanswered] if unanswered else [],
+                tenant=held.tenant,
+                estimate=held.estimate,
+                took=held.took,
+                ran=held.ran,
             )
         )
 
