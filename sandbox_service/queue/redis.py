@@ -272,10 +272,7 @@ class RedisQueue(Queue):
         held, wanted = int(reply[1]), int(reply[3])
         self._rates.refund(tenant, wanted)
         if reply[0] == b"quota":
-            why = (
-                f"{held} jobs waiting or running, {wanted} more asked, at most {tenant.max_queued}"
-            )
-            raise QuotaExceeded(tenant.name, "max_queued", why, s.retry_after_s)
+            check_queued(tenant, held, wanted, s.retry_after_s)  # raises, with the same words
         self.cluster_depth = held
         raise QueueFull(held, s.max_queue_depth, wanted, s.retry_after_s)
 
