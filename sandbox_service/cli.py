@@ -1,5 +1,6 @@
 """The ``sandbox-service`` command: ``serve`` (embedded service), ``run FILE`` (one execution),
-``api`` and ``worker`` (the two node kinds of Redis mode).
+``api`` and ``worker`` (the two node kinds of Redis mode), ``keys add|list|revoke`` (the API
+key file).
 
 Every setting is a flag and a ``SANDBOX_*`` variable; flags win. ``--help`` on a command
 lists them all with their defaults.
@@ -19,7 +20,16 @@ from pydantic_core import PydanticUndefined
 
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Mode, Status
 from sandbox_service.settings import Settings
-from sandbox_service.tenants import KeyFileError
+from sandbox_service.tenants import (
+    NUMBERS,
+    KeyFileError,
+    Tenant,
+    append_key,
+    key_id,
+    read_keys,
+    revoke_keys,
+    tenants_of,
+)
 
 Command = Callable[[argparse.Namespace, Settings], int]
 COMMANDS: dict[str, tuple[str, Command, Callable[[argparse.ArgumentParser], None] | None]] = {}
@@ -90,7 +100,8 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=10.0, help="wall-clock limit, seconds")
     parser.add_argument("--memory", type=int, default=1024, help="address-space limit, MiB")
     parser.add_argument("--repl", action="store_true", help="print the repr of a final expression")
-    parser.add_argument("--url", help="send to a running service instead of starting a slot")
+    parser.add_argument("--url", help="send to a running service instead of starting a slot "
+                        "(with auth on, the key from SANDBOX_API_KEY)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
 
 
@@ -185,6 +196,58 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     except (SlotStartError, IsolationUnavailable) as exc:
         print(f"sandbox-service worker: {exc}", file=sys.stderr)
         return 1
+
+
+# ---------------------------------------------------------------- keys
+
+
+def _keys_options(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    add = actions.add_parser("add", help="append a new key for TENANT; the key is printed last")
+    add.add_argument("tenant", help="tenant name: 1-64 of A-Z a-z 0-9 _ . -")
+    for name, kind in NUMBERS.items():
+        flag = f"--{name.replace('_', '-')}"
+        why = f"the tenant's {name} (default: as its other keys; or none)"
+        add.add_argument(flag, type=kind, dest=f"quota_{name}", help=why)
+    add.add_argument("--admin", action="store_true", help="the key may read /metrics")
+    listing = actions.add_parser("list", help="every key: id, tenant, options, revoked or not")
+    revoke = actions.add_parser("revoke", help="revoke a key by its id, or every key of a tenant")
+    revoke.add_argument("which", help="a key id (as `keys list` shows it) or a tenant name")
+    for sub in (add, listing, revoke):
+        sub.add_argument("--file", required=True, help="the key file (created 0600 by add)")
+
+
+def _tenant_to_add(args: argparse.Namespace) -> Tenant:
+    given = {
+        name: getattr(args, f"quota_{name}")
+        for name in NUMBERS
+        if getattr(args, f"quota_{name}") is not None
+    }
+    known = tenants_of(read_keys(args.file)) if Path(args.file).exists() else {}
+    base = known.get(args.tenant, Tenant(name=args.tenant))
+    if given or args.admin:
+        base = Tenant(name=args.tenant, admin=args.admin, **given)
+    return base
+
+
+@command("keys", "manage the API key file: keys add|list|revoke --file FILE", _keys_options)
+def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
+    if args.action == "add":
+        key, line = append_key(args.file, _tenant_to_add(args))
+        print(f"added key {key_id(line.digest)} for tenant {line.tenant.name} to {args.file}")
+        print("the key (shown only now; the file keeps its hash):")
+        print(key)
+    elif args.action == "list":
+        for line in read_keys(args.file):
+            print(f"{key_id(line.digest)}  {line.text().split(' ', 1)[1]}")
+    else:
+        revoked = revoke_keys(args.file, args.which)
+        if not revoked:
+            print(f"no live key with id or tenant {args.which!r} in {args.file}", file=sys.stderr)
+            return 1
+        for line in revoked:
+            print(f"revoked key {key_id(line.digest)} of tenant {line.tenant.name}")
+    return 0
 
 
 # ---------------------------------------------------------------- main

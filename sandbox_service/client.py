@@ -4,8 +4,10 @@
         results = await sandbox.execute_batch(["print(1)", "print(2)"])
 
 A large batch is split into server-sized chunks sent concurrently, and the results come back
-in request order. 429 and 503 are retried with backoff that honours Retry-After, and so are
-results with status ``rejected`` (they never ran, so running them again is safe). The
+in request order. ``api_key=`` (or ``SANDBOX_API_KEY`` in the environment) is sent as
+``Authorization: Bearer KEY`` to a service with auth on. 429 and 503 are retried with backoff
+that honours Retry-After, and so are results with status ``rejected`` (they never ran, so
+running them again is safe). The
 blocking client runs the async one on a private event loop, so there is one implementation.
 
 Errors (all raised from the httpx error that caused them, where there is one)::
@@ -14,12 +16,14 @@ Errors (all raised from the httpx error that caused them, where there is one)::
      ├── SandboxUnavailable    cannot connect, no answer in time, or 503 after every retry
      ├── SandboxOverloaded     429 after every retry
      ├── SandboxRequestError   the server refused the request (4xx); ``.detail`` says why
+     │    └── SandboxAuthError 401 (no valid API key) or 403 (the key may not do that)
      └── SandboxProtocolError  an answer that is not what the contract says
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import threading
 from collections.abc import Coroutine, Sequence
@@ -64,6 +68,10 @@ class SandboxRequestError(SandboxError):
         self.status_code = status_code
         self.detail = detail
         super().__init__(f"HTTP {status_code}: {detail}")
+
+
+class SandboxAuthError(SandboxRequestError):
+    pass
 
 
 class SandboxProtocolError(SandboxError):
@@ -114,8 +122,12 @@ class AsyncSandboxClient:
         concurrency: int = 16,
         transport: httpx.AsyncBaseTransport | None = None,
         headers: dict[str, str] | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.retry = retry or Retry()
+        key = api_key if api_key is not None else os.environ.get("SANDBOX_API_KEY", "")
+        if key:
+            headers = {**(headers or {}), "Authorization": f"Bearer {key}"}
         self.batch_size = batch_size
         self.concurrency = concurrency
         self._http = httpx.AsyncClient(
@@ -229,6 +241,8 @@ class AsyncSandboxClient:
                 last = kind(f"HTTP {code} after {attempt + 1} attempts: {_detail(response)}")
                 await asyncio.sleep(self.retry.delay(attempt, response.headers.get("retry-after")))
                 continue
+            if code in (401, 403):
+                raise SandboxAuthError(code, _detail(response))
             if 400 <= code < 500:
                 raise SandboxRequestError(code, _detail(response))
             if code >= 500:
