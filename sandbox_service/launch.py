@@ -130,17 +130,23 @@ class RedisServer:
     mode in tests and benchmarks; it can be stopped (SIGKILL, as a crash: its data is gone)
     and started again on the same port."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, args: Sequence[str] = (), tls: bool = False) -> None:
+        """``args``: more redis-server options (``--requirepass``, ``--user``, TLS files);
+        ``tls``: the port is a ``--tls-port`` (the plain one is off) and the URL ``rediss://``."""
         self.directory = directory
         self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.args = list(args)
+        self.tls = tls
+        self.url = f"{'rediss' if tls else 'redis'}://127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, ready_timeout_s: float = 10.0) -> None:
         with open(os.path.join(self.directory, "redis.log"), "ab") as log:
+            ports = ["--port", "0", "--tls-port", str(self.port)] if self.tls else [
+                "--port", str(self.port)]  # fmt: skip
             self.process = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                 "--save", "", "--appendonly", "no", "--dir", self.directory],
+                ["redis-server", *ports, "--bind", "127.0.0.1",
+                 "--save", "", "--appendonly", "no", "--dir", self.directory, *self.args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )  # fmt: skip
         deadline = time.monotonic() + ready_timeout_s

@@ -12,6 +12,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,8 +22,8 @@ from sandbox_service import launch
 class RedisServer(launch.RedisServer):
     """Ours (``own``), or the one ``REDIS_URL`` names, which is never stopped."""
 
-    def __init__(self, directory: Path, url: str | None = None) -> None:
-        super().__init__(str(directory))
+    def __init__(self, directory: Path, url: str | None = None, **options: Any) -> None:
+        super().__init__(str(directory), **options)
         self.own = url is None
         self.url = url or self.url
 
