@@ -59,12 +59,15 @@ def wait_until(check: object, timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+PASSWORD = "manifest-test-pw"  # what the Secret sandbox-redis-auth holds, here
+
+
 @pytest.fixture
 def redis_address(tmp_path: Path) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(tmp_path)],
+         "--appendonly", "no", "--dir", str(tmp_path), "--requirepass", PASSWORD],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     try:
@@ -77,8 +80,8 @@ def redis_address(tmp_path: Path) -> Iterator[str]:
 
 def _pong(port: int) -> bool:
     with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-        s.sendall(b"PING\r\n")
-        return s.recv(16).startswith(b"+PONG")
+        s.sendall(f"AUTH {PASSWORD}\r\nPING\r\n".encode())
+        return b"+PONG" in s.recv(32)
 
 
 def command_of(c: Doc, redis_address: str, env: dict[str, str]) -> tuple[list[str], dict]:
@@ -126,9 +129,14 @@ def test_worker_and_api_run_as_the_manifests_say(redis_address: str, tmp_path: P
     docs = render(OVERLAY)
     worker_c, api_c = container(docs, "sandbox-worker"), container(docs, "sandbox-api")
     worker_port, api_port = free_port(), free_port()
-    worker = start_role(worker_c, redis_address, {"SANDBOX_WORKER_METRICS_PORT": str(worker_port)},
-                        tmp_path / "worker.log")  # fmt: skip
-    api = start_role(api_c, redis_address, {"SANDBOX_PORT": str(api_port)}, tmp_path / "api.log")
+    # The Secret's file, where the manifests mount it, is here instead.
+    assert {e["value"] for e in worker_c["env"] if e["name"] == "SANDBOX_REDIS_PASSWORD_FILE"}
+    (tmp_path / "password").write_text(PASSWORD + "\n")
+    secret = {"SANDBOX_REDIS_PASSWORD_FILE": str(tmp_path / "password")}
+    worker = start_role(worker_c, redis_address, {"SANDBOX_WORKER_METRICS_PORT": str(worker_port),
+                        **secret}, tmp_path / "worker.log")  # fmt: skip
+    api = start_role(api_c, redis_address, {"SANDBOX_PORT": str(api_port), **secret},
+                     tmp_path / "api.log")  # fmt: skip
     try:
         for c, port in ((worker_c, worker_port), (api_c, api_port)):
             wait_until(lambda c=c, port=port: probe(c, "startupProbe", port).status_code == 200,
@@ -144,7 +152,7 @@ def test_worker_and_api_run_as_the_manifests_say(redis_address: str, tmp_path: P
         # What KEDA's trigger reads: the stream exists, and settled chunks leave it.
         [trigger] = named(docs, "ScaledObject", "sandbox-worker")["spec"]["triggers"]
         stream = trigger["metadata"]["stream"]
-        db = redis.Redis.from_url(f"redis://{redis_address}/0")
+        db = redis.Redis.from_url(f"redis://:{PASSWORD}@{redis_address}/0")
         groups = [g["name"].decode() for g in db.xinfo_groups(stream)]
         assert groups == ["workers"] and db.xlen(stream) == 0
         for deployment, proc in (("sandbox-worker", worker), ("sandbox-api", api)):
