@@ -103,6 +103,13 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.tenant_slot_seconds = Counter(
+            "sandbox_tenant_slot_seconds_total",
+            "Seconds slots spent on each tenant's jobs, from taking one to answering it (what "
+            "fair sharing divides by weight)",
+            ["tenant"],
+            registry=r,
+        )
         self.tenant_refused = Counter(
             "sandbox_tenant_refused_total",
             "Batches refused because their tenant was over a quota (429), by quota",

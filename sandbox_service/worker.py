@@ -97,6 +97,7 @@ class Worker:
             job = await self.source.get()
             if job is None:
                 return
+            taken = time.monotonic()
             try:
                 await self._ensure_running(slot)  # it may have died while we waited for work
                 result = await self.run(slot, job)
@@ -110,6 +111,8 @@ class Worker:
             self.executions += 1
             self.metrics.observe(result, job.tenant)
             await self.source.done(job, result)
+            took = time.monotonic() - taken
+            self.metrics.tenant_slot_seconds.labels(self.metrics.label(job.tenant)).inc(took)
 
     async def run(self, slot: Slot, job: Job) -> ExecuteResult | None:
         """Run one job on ``slot``; None means: give it to another slot (its zygote died)."""
