@@ -23,7 +23,7 @@ from pydantic import BaseModel, TypeAdapter
 from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import AuthenticationError, NoScriptError, RedisError, ResponseError
 from redis.maint_notifications import MaintNotificationsConfig
 
 from sandbox_service.metrics import Metrics
@@ -227,6 +227,11 @@ class RedisLink:
 
     def unavailable(self, exc: BaseException) -> QueueUnavailable:
         self.reachable = False
+        if isinstance(exc, AuthenticationError) or "authenticat" in str(exc).lower():
+            return QueueUnavailable(
+                f"Redis at {self.where} refused this node's credentials ({exc}); check "
+                "redis_url, redis_username and redis_password_file"
+            )
         return QueueUnavailable(
             f"the queue is unreachable (Redis at {self.where}: {exc}); retry later"
         )
