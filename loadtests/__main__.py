@@ -44,7 +44,7 @@ APIS = ("native", "codejudge")
 
 def http_target(url: str, api: str, label: str, timeout_s: float) -> HttpTarget:
     if api == "codejudge":
-        return CodeJudgeTarget(url, label, timeout_s)
+        return CodeJudgeTarget(url, f"{label} via /run/long-batch", timeout_s)
     return HttpTarget(url, label, timeout_s)
 
 

@@ -32,7 +32,7 @@ class FloorRun:
     example: str
 
 
-def _env() -> dict[str, str]:
+def environment() -> dict[str, str]:
     """As bare as a zygote's: the package's parent on the path, nothing of ours."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": root,
@@ -57,7 +57,7 @@ class Floor:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "loadtests.floor_process", str(self._tokens_r)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=[self._tokens_r],
-                env=_env(),
+                env=environment(),
             )  # fmt: skip
             self.procs.append(proc)
             send(self._fd(proc, "in"), self.config)

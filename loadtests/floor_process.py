@@ -8,15 +8,15 @@ slot could go on this machine with the same interpreter and the same address spa
 Run as ``python -m loadtests.floor_process TOKENS_FD`` by ``loadtests.floor``, which sends
 its configuration first. Start-up: with a ``preload`` list, import and warm it with the
 zygote's own ``preload``, then collect, freeze and collapse the heap into huge pages as the
-zygote does; without one, nothing: a bare CPython (this module imports only modules a bare
-interpreter has loaded already: messages are ``marshal``, not JSON, which would bring ``re``).
+zygote does; without one, nothing: a bare CPython (beyond what ``python -c`` holds, only
+``runpy``, this package and the built-in ``gc``; messages are ``marshal``, not JSON, which
+would bring more).
 Then, per command: run ``warm`` executions, say so, and, if ``active``, run one execution per
 ``g`` byte read from the token pipe that all floor processes share, until an ``s`` byte; report
 the latencies. One byte read from a shared pipe is the only coordination between them.
 """
 
-# No ``from __future__ import annotations``: ``__future__`` is a module a bare interpreter has
-# not loaded, and the annotations here need nothing newer than Python 3.10.
+# No ``from __future__ import annotations``: a module to import that nothing here needs.
 import gc
 import marshal
 import os
