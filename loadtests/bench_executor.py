@@ -283,7 +283,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     latency = [f for f in figs if "@" in f.mode]
     print("\n" + bench_report.throughput_table(throughput))
     print(f"\nisolation active: {', '.join(k for k, v in layers.items() if v is True)}\n")
-    print("\n".join(bench_report.ratio_lines(throughput, settings.slots)))
+    print(bench_report.ratio_table(throughput, settings.slots))
     print("\nCPU per execution, ms user/system (children: the executions; total: all but the "
           "client)")  # fmt: skip
     print(bench_report.cpu_table(figs))

@@ -88,10 +88,15 @@ def throughput_table(figs: Sequence[Figure]) -> str:
     return "\n".join(lines)
 
 
-def _ratio(a: Figure | None, b: Figure | None) -> str | None:
+def _ratio(a: Figure | None, b: Figure | None) -> str:
+    """exec/s of ``a`` over ``b``, and in parentheses the same by CPU: executions per
+    CPU-second of what each spends (client aside), which leaves out the share of a
+    contended CPU each mode happened to win."""
     if a is None or b is None or not b.exec_per_s:
-        return None
-    return f"{a.exec_per_s / b.exec_per_s:.2f}"
+        return "-"
+    text = f"{a.exec_per_s / b.exec_per_s:.2f}"
+    cpu_a, cpu_b = total_ms(a.cpu_ms), total_ms(b.cpu_ms)
+    return text + (f" ({cpu_b / cpu_a:.2f})" if cpu_a > 0 and cpu_b > 0 else "")
 
 
 # (label, numerator mode, denominator mode), printed where both were measured.
@@ -107,37 +112,44 @@ RATIOS = (
 )
 
 
-def ratio_lines(figs: Sequence[Figure], slots: int) -> list[str]:
+def _overhead(svc: Figure | None, bare: Figure | None, slots: int) -> str:
+    if svc is None or bare is None or not svc.exec_per_s or not bare.exec_per_s:
+        return "-"
+    return f"{(1 / svc.exec_per_s - 1 / bare.exec_per_s) * 1000 * slots:+.2f}"
+
+
+def ratio_table(figs: Sequence[Figure], slots: int) -> str:
+    """The ratios per workload, then HTTP + queue over the bare slots (ms per execution per
+    slot) and Redis round trips per execution."""
     by = {(f.mode, f.workload): f for f in figs}
-    lines = []
-    for workload in dict.fromkeys(f.workload for f in figs):
-        parts = [f"{workload:8}"]
-        for label, a, b in RATIOS:
-            value = _ratio(by.get((a, workload)), by.get((b, workload)))
-            if value is not None:
-                parts.append(f"{label} = {value}")
-        svc, bare = by.get(("service", workload)), by.get(("bare", workload))
-        if svc is not None and bare is not None and svc.exec_per_s and bare.exec_per_s:
-            overhead = (1 / svc.exec_per_s - 1 / bare.exec_per_s) * 1000 * slots
-            parts.append(f"HTTP+queue = {overhead:+.2f} ms per execution per slot")
-        redis = by.get(("redis", workload))
-        if redis is not None and redis.extra is not None:
-            parts.append(f"Redis round trips per execution = {redis.extra:.3f}")
-        lines.append("   ".join(parts))
-    return lines
+    workloads = list(dict.fromkeys(f.workload for f in figs))
+    rows = [[label, *(_ratio(by.get((a, w)), by.get((b, w))) for w in workloads)]
+            for label, a, b in RATIOS]  # fmt: skip
+    rows = [r for r in rows if any(c != "-" for c in r[1:])]
+    rows.append(["HTTP+queue ms", *(_overhead(by.get(("service", w)), by.get(("bare", w)),
+                                              slots) for w in workloads)])  # fmt: skip
+    trips = [by.get(("redis", w)) for w in workloads]
+    if any(t is not None and t.extra is not None for t in trips):
+        cells = [f"{t.extra:.3f}" if t and t.extra is not None else "-" for t in trips]
+        rows.append(["Redis trips/exec", *cells])
+    lines = [f"{'exec/s ratio (by CPU)':24}" + "".join(f"{w:>16}" for w in workloads)]
+    lines += [f"{r[0]:24}" + "".join(f"{c:>16}" for c in r[1:]) for r in rows]
+    return "\n".join(lines)
 
 
 def cpu_table(figs: Sequence[Figure]) -> str:
     """ms of CPU per execution by role, user/system; total leaves the client out."""
     used = [r for r in ROLES if any(r in f.cpu_ms for f in figs)]
-    lines = [f"{'workload':8} {'mode':12} " + " ".join(f"{r:>12}" for r in used) + "   total"]
+    head = " ".join(f"{r:>12}" for r in used)
+    lines = [f"{'workload':8} {'mode':12} {head}   total  exec/CPU-s"]
     for f in figs:
         cells = []
         for role in used:
             u, s = f.cpu_ms.get(role, (None, None))
             cells.append(f"{'-':>12}" if u is None else f"{f'{u:.2f}/{s:.2f}':>12}")
         total = total_ms(f.cpu_ms, SERVICE_ROLES)
-        lines.append(f"{f.workload:8} {f.mode:12} " + " ".join(cells) + f"   {total:5.2f}")
+        rate = f"{1000 / total:10.0f}" if total > 0 else f"{'-':>10}"
+        lines.append(f"{f.workload:8} {f.mode:12} " + " ".join(cells) + f"   {total:5.2f}  {rate}")
     return "\n".join(lines)
 
 
