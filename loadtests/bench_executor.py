@@ -49,6 +49,7 @@ from loadtests.cluster import Cluster
 from loadtests.cpu import ZYGOTE, Meter, Roles, children_of, fixed, me, tree_of
 from loadtests.floor import WARM, Floor
 from loadtests.generator import Plan
+from loadtests.perfprofile import Profile, ProfiledMeter
 from loadtests.procwatch import listening_pid
 from loadtests.targets import CodeJudgeTarget, HttpTarget, NaiveTarget, Target
 from loadtests.workloads import Item
@@ -110,6 +111,8 @@ class Bench:
         self.targets: dict[str, Target] = {}
         self.extra: dict[str, Callable[[], float]] = {}
         self.fast, self.slow_counts = counts(args.n, args.quick)
+        self.round = 0
+        self.profiles: list[Profile] = []
 
     async def start(self, stack: contextlib.AsyncExitStack) -> None:
         """Start what the modes need, side by side (the preloads take seconds each)."""
@@ -194,8 +197,13 @@ class Bench:
         total = (self.slow_counts if self.slow(mode, workload) else self.fast)[workload]
         return max(1, -(-total // self.args.rounds))  # this round's share
 
-    def meter(self, mode: str) -> Meter:
-        return Meter(self.roles[mode.partition("@")[0]], self.extra.get(mode))
+    def meter(self, mode: str, workload: str = "trivial") -> Meter:
+        roles, extra = self.roles[mode.partition("@")[0]], self.extra.get(mode)
+        if not self.args.perf:
+            return Meter(roles, extra)
+        name = f"{mode}-{workload}-r{self.round + 1}"
+        path = os.path.join(self.args.perf, f"{name}.data")
+        return ProfiledMeter(roles, extra, path=path, name=name, sink=self.profiles)
 
     async def measure(self, mode: str, workload: str) -> Measurement:
         code, expected = WORKLOADS[workload]
@@ -203,16 +211,17 @@ class Bench:
         warm = 1 if self.slow(mode, workload) else None
         if mode in self.floors:
             return await floor_mode(self.floors[mode], mode, workload, code, expected, n,
-                                    self.meter(mode), warm=warm or WARM)  # fmt: skip
+                                    self.meter(mode, workload), warm=warm or WARM)  # fmt: skip
         if mode == "bare":
             assert self.pool is not None
-            return await bare_mode(self.pool, workload, code, expected, n, self.meter(mode))
+            meter = self.meter(mode, workload)
+            return await bare_mode(self.pool, workload, code, expected, n, meter)
         batch = self.args.batch
         parallel = os.cpu_count() or 1
         plan = Plan(n, parallel, 1) if mode == "naive" else Plan(n, 4 * batch, batch)
         item = Item(workload, {"code": code}, expected)
         return await target_mode(self.targets[mode], mode, workload, item, n, plan,
-                                 self.meter(mode), warm)  # fmt: skip
+                                 self.meter(mode, workload), warm)  # fmt: skip
 
     async def latency(self, in_flight: int) -> list[Measurement]:
         """Single requests, ``in_flight`` at once, on the service (and, alone, the floor,
@@ -229,7 +238,7 @@ class Bench:
                                          self.meter(name)))  # fmt: skip
         if in_flight == 1 and "floor" in self.floors:
             out.append(await floor_mode(self.floors["floor"], "floor@1", "trivial", code,
-                                        expected, n, self.meter("floor"), active=1))  # fmt: skip
+                                        expected, n, self.meter("floor@1"), active=1))  # fmt: skip
         return out
 
 
@@ -243,6 +252,7 @@ def _show(m: Measurement, took_s: float) -> None:
 async def run(bench: Bench, args: argparse.Namespace) -> list[Measurement]:
     measured: list[Measurement] = []
     for r in range(args.rounds):
+        bench.round = r
         order = bench.modes if r % 2 == 0 else bench.modes[::-1]
         print(f"round {r + 1}/{args.rounds}: {', '.join(order)}", flush=True)
         for workload in args.workload_list:
@@ -289,6 +299,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     print(bench_report.cpu_table(figs))
     print("\nlatency of single requests, end to end (trivial)")
     print(bench_report.latency_table(latency))
+    if bench.profiles:
+        print("\nperf profiles: share of samples by role, hottest symbols (% of samples)")
+        print("\n".join(line for p in bench.profiles for line in p.lines()))
     return {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "command": sys.argv,
@@ -296,6 +309,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "slots": settings.slots,
         "isolation": layers,
         "figures": [asdict(f) for f in figs],
+        "profiles": [asdict(p) for p in bench.profiles],
     }
 
 
@@ -319,7 +333,11 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
                    help="its run_workers.py process, for its CPU")  # fmt: skip
     p.add_argument("--codejudge-redis-pid", type=int, help="its redis-server, for its CPU")
     p.add_argument("--json", help="also write the figures to this file")
+    p.add_argument("--perf", metavar="DIR",
+                   help="record a perf profile of each measurement into DIR (perf)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.perf:
+        os.makedirs(args.perf, exist_ok=True)
     if args.quick:
         args.n, args.rounds = min(args.n, 100), 1
         args.latency_n, args.in_flight = min(args.latency_n, 30), "1,10"

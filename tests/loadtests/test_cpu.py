@@ -2,43 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
-import sys
 
 from loadtests.cpu import ZYGOTE, Meter, Roles, children_of, fixed, per_execution, total_ms
 from loadtests.procwatch import Proc
 from sandbox_service.launch import ServiceProcess
-
-# Forks four children that each burn 0.2 s of user CPU, reaps them, says so, and waits.
-PARENT = """
-import os, sys, time
-sys.stdin.readline()
-for _ in range(4):
-    if os.fork() == 0:
-        t = time.process_time()
-        while time.process_time() - t < 0.2:
-            sum(range(20000))  # user time: the clock is read (a system call) seldom
-        os._exit(0)
-    os.wait()
-print("done", flush=True)
-sys.stdin.readline()
-"""
+from tests.loadtests.conftest import run_forker
 
 
-def test_reaped_children_are_counted_as_the_executions() -> None:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
-    assert parent.stdin is not None and parent.stdout is not None
-    try:
-        meter = Meter(Roles({"zygote": fixed(parent.pid)}))
-        meter.begin()
-        parent.stdin.write("go\n")
-        parent.stdin.flush()
-        assert parent.stdout.readline() == "done\n"
-        cpu, extra = meter.end(4)
-    finally:
-        parent.stdin.close()
-        parent.wait(10)
+def test_reaped_children_are_counted_as_the_executions(forker: subprocess.Popen[str]) -> None:
+    meter = Meter(Roles({"zygote": fixed(forker.pid)}))
+    meter.begin()
+    run_forker(forker)
+    cpu, extra = meter.end(4)
     user, system = cpu["children"]
     assert user >= 180 and user + system <= 260, cpu  # 0.2 s each, at tick resolution
     assert sum(cpu["zygote"]) < 20 and extra is None
@@ -54,7 +31,7 @@ def test_a_process_that_appeared_counts_from_zero_one_that_vanished_not_at_all()
     before = {"zygote": {10: _proc(10, 100), 11: _proc(11, 100)}}  # 11 then died
     after = {"zygote": {10: _proc(10, 150), 12: _proc(12, 30)}}  # 12 replaced it
     cpu = per_execution(roles, before, after, n=4)
-    tick_ms = 1000 / __import__("os").sysconf("SC_CLK_TCK")
+    tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
     assert cpu["zygote"] == cpu["children"] == (80 / 4 * tick_ms, 80 / 4 * tick_ms)
 
 
