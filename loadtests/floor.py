@@ -33,10 +33,13 @@ class FloorRun:
 
 
 def environment() -> dict[str, str]:
-    """As bare as a zygote's: the package's parent on the path, nothing of ours."""
+    """As bare as a zygote's: the package's parent on the path, nothing of ours; one BLAS
+    thread, as the service's executions and the naive baseline have (else a light child
+    that imports numpy starts a thread per CPU)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": root,
-            "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
+            "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # fmt: skip
 
 
 class Floor:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from loadtests.cpu import Meter, PerExecution, Reading
 
 ATTACH_S = 1.0  # perf prints nothing once attached; this is how long it takes here, loaded
-LINE = re.compile(r"^\s*([\d.]+)%\s+(\d+):\S*\s+(\[.\])\s+(.+?)\s*$")
+LINE = re.compile(r"^\s*[\d.]+%\s+(\d+)\s+(\d+):\S*\s+(\[.\])\s+(.+?)\s*$")
 TOP = 6
 
 
@@ -33,6 +33,7 @@ class Profile:
     roles: dict[str, float] = field(default_factory=dict)  # role -> % of the samples
     symbols: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
     kernel: float = 0.0  # % of all samples in the kernel
+    pids: dict[int, str] = field(default_factory=dict)  # pid -> role; any other: the default
 
     def lines(self) -> list[str]:
         out = [f"{self.name}: {self.kernel:.0f}% of samples in the kernel; record {self.path}"]
@@ -45,23 +46,29 @@ class Profile:
 def top(path: str, role_of: dict[int, str], name: str, default: str = "children") -> Profile:
     """Role shares and the ``TOP`` symbols of each (percent of all samples), from a record."""
     report = subprocess.run(
-        ["perf", "report", "-i", path, "--no-children", "--sort", "pid,sym", "-g", "none",
-         "-q", "--percent-limit", "0.05"],
+        # No --percent-limit: each execution is a pid of its own, with a sliver of the samples.
+        # Sample counts, not perf's rounded percentages: thousands of slivers add up wrong.
+        ["perf", "report", "-i", path, "--no-children", "--sort", "pid,sym", "-g", "none", "-q",
+         "-n"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    profile = Profile(name, path)
-    by_role: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    profile = Profile(name, path, pids=dict(role_of))
+    by_role: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    kernel = total = 0
     for line in report.stdout.splitlines():
         match = LINE.match(line)
         if match is None:
             continue
-        pct, pid, space, sym = float(match[1]), int(match[2]), match[3], match[4]
-        by_role[role_of.get(pid, default)][f"{space} {sym}"] += pct
-        profile.kernel += pct if space == "[k]" else 0.0
+        samples, pid, space, sym = int(match[1]), int(match[2]), match[3], match[4]
+        by_role[role_of.get(pid, default)][f"{space} {sym}"] += samples
+        kernel += samples if space == "[k]" else 0
+        total += samples
+    pct = 100 / max(total, 1)
+    profile.kernel = round(kernel * pct, 1)
     for role, symbols in by_role.items():
-        profile.roles[role] = round(sum(symbols.values()), 1)
+        profile.roles[role] = round(sum(symbols.values()) * pct, 1)
         ranked = sorted(symbols.items(), key=lambda kv: -kv[1])[:TOP]
-        profile.symbols[role] = [(sym, round(pct, 1)) for sym, pct in ranked]
+        profile.symbols[role] = [(sym, round(n * pct, 1)) for sym, n in ranked]
     return profile
 
 
