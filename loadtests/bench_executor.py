@@ -300,7 +300,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     print("\nlatency of single requests, end to end (trivial)")
     print(bench_report.latency_table(latency))
     if bench.profiles:
-        print("\nperf profiles: share of samples by role, hottest symbols (% of samples)")
+        print("\nperf profiles: share of samples by role (short-lived children are undersampled:"
+              " take totals from the CPU table), hottest symbols (% of samples)")  # fmt: skip
         print("\n".join(line for p in bench.profiles for line in p.lines()))
     return {
         "date": time.strftime("%Y-%m-%d %H:%M"),
