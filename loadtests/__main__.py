@@ -6,9 +6,12 @@
 drives the target with ``--count`` requests of a workload, ``--concurrency`` executions in
 flight at once in batches of ``--batch`` (1: single requests), for at most ``--duration``
 seconds (plus ``--drain`` for answers still out), checks every answer, shows progress, and
-writes report.json, summary.md and PNG plots into ``--out``. A baseline (another URL speaking
-the native API, or ``naive``: a fresh interpreter per call) runs after the target, never at
-the same time, and the summary gives the ratios. Exits 1 if any execution was lost or wrong.
+writes report.json, summary.md and PNG plots into ``--out``. A baseline (another URL, or
+``naive``: a fresh interpreter per call) runs after the target, never at the same time, and
+the summary gives the ratios. ``--api codejudge`` (and ``--baseline-api``) sends code-judge's
+``/run/long-batch`` instead of the native API: to code-judge itself, or to this service's
+front for it, with the same client, payloads and batch shape. Exits 1 if any execution was
+lost or wrong.
 """
 
 from __future__ import annotations
@@ -31,11 +34,18 @@ from loadtests import report
 from loadtests.cluster import Cluster
 from loadtests.generator import Plan, Run, measure
 from loadtests.procwatch import Watcher, listening_pid
-from loadtests.targets import HttpTarget, NaiveTarget, Target
+from loadtests.targets import CodeJudgeTarget, HttpTarget, NaiveTarget, Target
 from loadtests.workloads import Context, Workload, WorkloadError, parse
 from sandbox_service.launch import launch
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+APIS = ("native", "codejudge")
+
+
+def http_target(url: str, api: str, label: str, timeout_s: float) -> HttpTarget:
+    if api == "codejudge":
+        return CodeJudgeTarget(url, f"{label} via /run/long-batch", timeout_s)
+    return HttpTarget(url, label, timeout_s)
 
 
 def arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -65,6 +75,9 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
                    help="--launch --redis-workers: API nodes; lanes spread over them")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="--launch: a service setting, e.g. max_queue_depth=200000")  # fmt: skip
+    p.add_argument("--api", choices=APIS, default="native",
+                   help="the API to send to: this service's native one, or code-judge's "
+                        "/run/long-batch (code-judge itself, or our front for it)")  # fmt: skip
     p.add_argument("--workload", default="trivial",
                    help="trivial, sympy, numpy, mixed, adversarial, file:PATH, or a mix "
                         "such as trivial:3,sympy:1")  # fmt: skip
@@ -86,6 +99,7 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
                         "what is left there; --launch adds its own")  # fmt: skip
     p.add_argument("--sample-interval", type=float, default=1.0, help="seconds between samples")
     p.add_argument("--baseline", help="a second target run after the first: a URL, or 'naive'")
+    p.add_argument("--baseline-api", choices=APIS, help="the baseline URL's API (default: --api)")
     p.add_argument("--baseline-count", type=int, help="executions for the baseline "
                    "(default: --count for a URL, at most 1000 for naive)")  # fmt: skip
     p.add_argument("--baseline-concurrency", type=int, help="default: --concurrency")
@@ -219,7 +233,8 @@ def baseline_run(args: argparse.Namespace, workload: Workload) -> tuple[Target, 
     )
     if naive:
         return NaiveTarget(args.naive_parallel), plan, "naive: subprocess.run([python, '-c', code])"
-    return HttpTarget(args.baseline, "baseline", args.timeout), plan, args.baseline
+    api = args.baseline_api or args.api
+    return http_target(args.baseline, api, "baseline", args.timeout), plan, args.baseline
 
 
 def host_info() -> dict[str, Any]:
@@ -238,7 +253,7 @@ async def main_async(args: argparse.Namespace, out_dir: str) -> list[Run]:
     runs: list[Run] = []
     with service(args, out_dir) as (url, pids, scratch):
         watcher = watcher_for(url, pids, scratch, args)
-        target = HttpTarget(url, "service", args.timeout)
+        target = http_target(url, args.api, "service", args.timeout)
         runs.append(await one_run(target, workload, plan, args, watcher, url))
         runs[0].notes.append(f"service status at the end: {service_status(url)}")
     if second is not None:

@@ -1,22 +1,29 @@
-"""Executor benchmark: the service against the bare executor and a naive baseline, in one run.
+"""Executor benchmark: the service beside the fork-per-execution floor, interleaved in one run.
 
-    python -m loadtests.bench_executor [--n 2000] [--batch 64] [--quick] [--modes ...]
+    python -m loadtests.bench_executor [--n 2000] [--rounds 2] [--batch 64] [--quick]
+        [--modes floor,floor-light,bare,service,redis,naive] [--codejudge-url URL] [--json F]
 
-For each workload (trivial print, sympy factor, numpy) it measures, one after another so they
-do not share the CPU:
+Modes, for each workload (trivial print, sympy factor, numpy), all set up once and measured in
+turn, every workload through every mode in each round, the order reversed every other round, so
+that the load of others on a shared machine hits every mode alike:
 
-- ``bare``: the slots driven directly, no HTTP and no queue (the executor's own ceiling);
-- ``service``: the embedded service over HTTP, batches of ``--batch``, every isolation layer
-  the host allows on;
-- ``redis``: the same through Redis mode: 1 API node and 2 worker nodes sharing the slots
-  (half each) on a throwaway ``redis-server``, with the Redis round trips per execution that
-  all three nodes made;
-- ``naive``: one ``subprocess.run([python, "-c", code])`` per call, as code-judge runs code,
-  with as many in parallel as there are CPUs;
+- ``floor`` / ``floor-light``: as many plain processes as slots, each forking one child per
+  execution with stdout to a pipe and nothing else (``loadtests.floor_process``), with the
+  service's preloads imported and warmed as the zygote does / with none;
+- ``bare``: the slots driven from this process, no HTTP and no queue;
+- ``service``: the embedded service over HTTP, batches of ``--batch``, four in flight, every
+  isolation layer the host allows;
+- ``redis``: the same through Redis mode (1 API node, 2 worker nodes of half the slots each, a
+  throwaway ``redis-server``), with its Redis round trips per execution;
+- ``naive``: ``subprocess.run([python, "-c", code])`` per call, one per CPU in parallel;
+- with ``--codejudge-url``: ``codejudge`` (code-judge's ``/run/long-batch`` at that URL) and
+  ``service-cj`` (ours through its code-judge front), same client, payloads and batches.
 
-and prints exec/s, p50/p99 latency, the service/naive ratio and the per-execution overhead
-of HTTP + queue over the bare executor. Figures from one run on a shared machine are noisy:
-compare ratios, not absolute numbers across runs.
+Then single requests on the idle service (one at a time) and under light load (``--in-flight``
+at once, one request each), end to end over HTTP; ``floor@1`` is one floor process alone.
+Printed: exec/s and latency, the ratios (``bare / floor``, ``service / floor``, ``service /
+floor-light``, ...), the CPU per execution of every role (``loadtests.cpu``) and the latency
+table. Figures from one run on a shared machine are noisy: compare ratios within a run.
 """
 
 from __future__ import annotations
@@ -26,24 +33,37 @@ import asyncio
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
+from loadtests import bench_report
+from loadtests.bench_modes import Measurement, bare_mode, floor_mode, target_mode
 from loadtests.cluster import Cluster
-from sandbox_service.client import AsyncSandboxClient
+from loadtests.cpu import ZYGOTE, Meter, Roles, children_of, fixed, me, tree_of
+from loadtests.floor import WARM, Floor
+from loadtests.generator import Plan
+from loadtests.perfprofile import Profile, ProfiledMeter
+from loadtests.procwatch import listening_pid
+from loadtests.targets import CodeJudgeTarget, HttpTarget, NaiveTarget, Target
+from loadtests.workloads import Item
 from sandbox_service.executor.pool import SlotPool
 from sandbox_service.launch import ServiceProcess, launch
-from sandbox_service.models import ExecuteRequest, Status
 from sandbox_service.settings import Settings
 
-MODES = ("bare", "service", "redis", "naive")
+MODES = ("floor", "floor-light", "bare", "service", "redis", "service-cj", "codejudge", "naive")
+DEFAULT_MODES = ("floor", "floor-light", "bare", "service", "redis", "naive")
+QUICK_MODES = ("floor", "floor-light", "bare", "service", "naive")
+CODEJUDGE_MODES = ("service-cj", "codejudge")
+# Modes that start an interpreter's imports per execution get the small counts, but
+# floor-light only where the program imports something heavy.
+SLOW = {"naive", "codejudge"}
 WORKLOADS = {
     "trivial": ("print(sum(range(1000)))", "499500\n"),
     "sympy": (
@@ -57,260 +77,297 @@ WORKLOADS = {
 }
 
 
-@dataclass
-class Figure:
-    mode: str
-    workload: str
-    n: int
-    seconds: float
-    exec_per_s: float
-    p50_ms: float
-    p99_ms: float
-    wrong: int
+def counts(n: int, quick: bool) -> tuple[dict[str, int], dict[str, int]]:
+    """Executions per workload: (fast modes, modes paying for imports per execution)."""
+    fast = {"trivial": n, "sympy": max(n // 4, 20), "numpy": max(n // 2, 20)}
+    slow = {"trivial": max(n // 10, 10), "sympy": 2 if quick else 30,
+            "numpy": 4 if quick else max(n // 40, 20)}  # fmt: skip
+    return fast, slow
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
-
-
-def _figure(mode: str, workload: str, latencies: list[float], seconds: float, wrong: int) -> Figure:
-    n = len(latencies)
-    return Figure(mode, workload, n, round(seconds, 3), round(n / seconds, 1),
-                  round(_percentile(latencies, 0.5), 2), round(_percentile(latencies, 0.99), 2),
-                  wrong)  # fmt: skip
-
-
-async def bench_bare(settings: Settings, workload: str, n: int) -> Figure:
-    """The slots alone: each slot runs jobs back to back, nothing in between."""
-    code, expected = WORKLOADS[workload]
-    pool = SlotPool(settings)
-    await pool.start()
-    request = {"code": code, "stdin": "", "mode": "script", "files": {}, "timeout_s": 30,
-               "memory_mb": 1024}  # fmt: skip
-    latencies: list[float] = []
-    wrong = 0
-    todo = iter(range(n))
-
-    async def drive(slot) -> None:  # type: ignore[no-untyped-def]
-        nonlocal wrong
-        for _ in todo:
-            t = time.perf_counter()
-            out = await slot.execute(request)
-            latencies.append(time.perf_counter() - t)
-            wrong += out["stdout"] != expected
-
-    await asyncio.gather(*(drive(s) for s in pool.slots[:1]))  # warm both caches and pages
-    latencies.clear()
-    wrong = 0
-    todo = iter(range(n))
-    start = time.perf_counter()
-    await asyncio.gather(*(drive(s) for s in pool.slots))
-    seconds = time.perf_counter() - start
-    await pool.stop()
-    return _figure("bare", workload, latencies, seconds, wrong)
-
-
-async def bench_service(
-    url: str,
-    workload: str,
-    n: int,
-    batch: int,
-    mode: str = "service",
-    warm: Callable[[], None] | None = None,
-) -> Figure:
-    """Batches of ``batch``, four in flight; ``warm`` is called after the warm-up batch."""
-    code, expected = WORKLOADS[workload]
-    latencies: list[float] = []
-    async with AsyncSandboxClient(url, batch_size=batch, concurrency=4) as client:
-        await client.execute_batch([code] * batch)  # warm-up
-        if warm is not None:
-            warm()
-
-        async def one_batch(size: int) -> list:  # type: ignore[type-arg]
-            t = time.perf_counter()
-            results = await client._run_chunk([ExecuteRequest(code=code)] * size)
-            latencies.extend([time.perf_counter() - t] * size)
-            return results
-
-        sizes = [batch] * (n // batch) + ([n % batch] if n % batch else [])
-        gate = asyncio.Semaphore(4)
-
-        async def gated(size: int) -> list:  # type: ignore[type-arg]
-            async with gate:
-                return await one_batch(size)
-
-        start = time.perf_counter()
-        chunks = await asyncio.gather(*(gated(s) for s in sizes))
-        seconds = time.perf_counter() - start
-    results = [r for chunk in chunks for r in chunk]
-    wrong = sum(r.status is not Status.ok or r.stdout != expected for r in results)
-    return _figure(mode, workload, latencies, seconds, wrong)
-
-
-def _round_trips(nodes: list[ServiceProcess]) -> float:
-    """Redis round trips all ``nodes`` made so far, from their /metrics."""
+def _round_trips(urls: list[str]) -> float:
+    """Redis round trips the nodes at ``urls`` made so far, from their /metrics."""
     total = 0.0
-    for node in nodes:
-        for line in httpx.get(f"{node.url}/metrics", timeout=10).text.splitlines():
+    for url in urls:
+        for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
             if line.startswith("sandbox_redis_round_trips_total "):
                 total += float(line.split()[1])
     return total
 
 
-def redis_mode(settings: Settings, logs: str) -> Cluster:
-    """1 API node and 2 worker nodes (half the slots each) on a throwaway redis-server."""
-    return Cluster(logs, api_nodes=1, workers=2, slots=max(1, settings.slots // 2))
+class Bench:
+    """Everything the modes measure, started once, and the way each mode is measured."""
+
+    def __init__(self, args: argparse.Namespace, settings: Settings, logs: str) -> None:
+        self.args = args
+        self.settings = settings
+        self.logs = logs
+        self.modes: list[str] = args.mode_list
+        self.floors: dict[str, Floor] = {}
+        self.pool: SlotPool | None = None
+        self.service: ServiceProcess | None = None
+        self.cluster: Cluster | None = None
+        self.roles: dict[str, Roles] = {}
+        self.targets: dict[str, Target] = {}
+        self.extra: dict[str, Callable[[], float]] = {}
+        self.fast, self.slow_counts = counts(args.n, args.quick)
+        self.round = 0
+        self.profiles: list[Profile] = []
+
+    async def start(self, stack: contextlib.AsyncExitStack) -> None:
+        """Start what the modes need, side by side (the preloads take seconds each)."""
+        s = self.settings
+        if "floor" in self.modes:
+            self.floors["floor"] = Floor(s.slots, list(s.preload), s.warmup)
+        if "floor-light" in self.modes:
+            self.floors["floor-light"] = Floor(s.slots, None)
+        for floor in self.floors.values():
+            stack.callback(floor.stop)
+        jobs = [asyncio.to_thread(f.start) for f in self.floors.values()]
+        jobs.append(asyncio.to_thread(self._start_service, stack))
+        if "bare" in self.modes:
+            self.pool = SlotPool(s)
+            stack.push_async_callback(self.pool.stop)
+            jobs.append(self.pool.start())
+        if "redis" in self.modes:
+            cluster = Cluster(self.logs, api_nodes=1, workers=2, slots=max(1, s.slots // 2))
+            jobs.append(asyncio.to_thread(lambda: stack.enter_context(cluster)))
+            self.cluster = cluster
+        await asyncio.gather(*jobs)
+        self._roles()
+
+    def _start_service(self, stack: contextlib.AsyncExitStack) -> None:
+        log = os.path.join(self.logs, "service.log")
+        self.service = stack.enter_context(launch(log_path=log))
+
+    def _roles(self) -> None:
+        for name, floor in self.floors.items():
+            self.roles[name] = Roles({"zygote": fixed(*floor.pids)})
+        if self.pool is not None:
+            pool = self.pool
+            self.roles["bare"] = Roles(
+                {"api": me(), "zygote": lambda: [s.pid for s in pool.slots if s.pid]}
+            )
+        assert self.service is not None
+        api = fixed(self.service.process.pid)
+        self.roles["service"] = self.roles["service-cj"] = Roles(
+            {"client": me(), "api": api, "zygote": children_of(api, ZYGOTE)}
+        )
+        self.targets["service"] = HttpTarget(self.service.url)
+        self.targets["service-cj"] = CodeJudgeTarget(self.service.url, "service-cj")
+        self.roles["naive"] = Roles({"client": me()}, children="client")
+        self.targets["naive"] = NaiveTarget(os.cpu_count() or 1)
+        if self.cluster is not None:
+            self._redis_roles(self.cluster)
+        if self.args.codejudge_url:
+            self._codejudge_roles(self.args.codejudge_url)
+
+    def _redis_roles(self, cluster: Cluster) -> None:
+        apis = fixed(*(n.pid for n in cluster.apis))
+        workers = fixed(*(n.pid for n in cluster.worker_nodes))
+        redis = cluster.redis.process
+        self.roles["redis"] = Roles({
+            "client": me(), "api": apis, "worker": workers,
+            "redis": fixed(*([redis.pid] if redis is not None else [])),
+            "zygote": children_of(workers, ZYGOTE),
+        })  # fmt: skip
+        self.targets["redis"] = HttpTarget(cluster.urls[0], "redis")
+        nodes = [n.process.url for n in cluster.nodes if n.process is not None]
+        self.extra["redis"] = lambda: _round_trips(nodes)
+
+    def _codejudge_roles(self, url: str) -> None:
+        parts = urlsplit(url)
+        local = parts.hostname in ("127.0.0.1", "localhost", "::1")
+        api = listening_pid(parts.port or 80) if local else None
+        roles = {"client": me(), "api": tree_of(fixed(*([api] if api else [])))}
+        if self.args.codejudge_workers_pid:
+            roles["zygote"] = children_of(fixed(self.args.codejudge_workers_pid))
+        if self.args.codejudge_redis_pid:
+            roles["redis"] = fixed(self.args.codejudge_redis_pid)
+        self.roles["codejudge"] = Roles(roles)
+        self.targets["codejudge"] = CodeJudgeTarget(url, "codejudge")
+
+    @staticmethod
+    def slow(mode: str, workload: str) -> bool:
+        """Imports its modules afresh in every execution: small counts, one warm-up (nothing
+        carries over from one execution to the next but the page cache)."""
+        return mode in SLOW or (mode == "floor-light" and workload != "trivial")
+
+    def count(self, mode: str, workload: str) -> int:
+        total = (self.slow_counts if self.slow(mode, workload) else self.fast)[workload]
+        return max(1, -(-total // self.args.rounds))  # this round's share
+
+    def meter(self, mode: str, workload: str = "trivial") -> Meter:
+        roles, extra = self.roles[mode.partition("@")[0]], self.extra.get(mode)
+        if not self.args.perf:
+            return Meter(roles, extra)
+        name = f"{mode}-{workload}-r{self.round + 1}"
+        path = os.path.join(self.args.perf, f"{name}.data")
+        return ProfiledMeter(roles, extra, path=path, name=name, sink=self.profiles)
+
+    async def measure(self, mode: str, workload: str) -> Measurement:
+        code, expected = WORKLOADS[workload]
+        n = self.count(mode, workload)
+        warm = 1 if self.slow(mode, workload) else None
+        if mode in self.floors:
+            return await floor_mode(self.floors[mode], mode, workload, code, expected, n,
+                                    self.meter(mode, workload), warm=warm or WARM)  # fmt: skip
+        if mode == "bare":
+            assert self.pool is not None
+            meter = self.meter(mode, workload)
+            return await bare_mode(self.pool, workload, code, expected, n, meter)
+        batch = self.args.batch
+        parallel = os.cpu_count() or 1
+        plan = Plan(n, parallel, 1) if mode == "naive" else Plan(n, 4 * batch, batch)
+        item = Item(workload, {"code": code}, expected)
+        return await target_mode(self.targets[mode], mode, workload, item, n, plan,
+                                 self.meter(mode, workload), warm)  # fmt: skip
+
+    async def latency(self, in_flight: int) -> list[Measurement]:
+        """Single requests, ``in_flight`` at once, on the service (and, alone, the floor,
+        Redis mode and code-judge)."""
+        code, expected = WORKLOADS["trivial"]
+        item = Item("trivial", {"code": code}, expected)
+        n = max(self.args.latency_n // self.args.rounds, 5 * in_flight)
+        out = []
+        idle = [m for m in ("redis", "codejudge") if m in self.targets] if in_flight == 1 else []
+        for mode in ["service", *idle]:
+            name = f"{mode}@{in_flight}"
+            plan = Plan(n, in_flight, 1)
+            out.append(await target_mode(self.targets[mode], name, "trivial", item, n, plan,
+                                         self.meter(name)))  # fmt: skip
+        if in_flight == 1 and "floor" in self.floors:
+            out.append(await floor_mode(self.floors["floor"], "floor@1", "trivial", code,
+                                        expected, n, self.meter("floor@1"), active=1))  # fmt: skip
+        return out
 
 
-def bench_redis(cluster: Cluster, workload: str, n: int, batch: int) -> tuple[Figure, float]:
-    """One workload through Redis mode; (figure, Redis round trips per execution)."""
-    nodes = [node.process for node in cluster.nodes if node.process is not None]
-    before = [0.0]
-
-    def warm() -> None:
-        before[0] = _round_trips(nodes)
-
-    figure = asyncio.run(bench_service(nodes[0].url, workload, n, batch, "redis", warm))
-    return figure, (_round_trips(nodes) - before[0]) / n
+def _show(m: Measurement, took_s: float) -> None:
+    rate = m.n / m.seconds if m.seconds else 0.0
+    note = f"  ({m.example[:120]!r})" if m.wrong else ""
+    print(f"  {m.workload:8} {m.mode:12} {m.n:6d} {rate:8.1f} exec/s  wrong {m.wrong}  "
+          f"({took_s:.1f} s){note}", flush=True)  # fmt: skip
 
 
-async def bench_service_latency(url: str, n: int, mode: str = "service-single") -> Figure:
-    """Single requests, one at a time: the latency a lone tool call sees under no load."""
-    code, expected = WORKLOADS["trivial"]
-    latencies = []
-    wrong = 0
-    async with AsyncSandboxClient(url, batch_size=1) as client:
-        await client.execute(code)
-        start = time.perf_counter()
-        for _ in range(n):
-            t = time.perf_counter()
-            r = await client.execute(code)
-            latencies.append(time.perf_counter() - t)
-            wrong += r.stdout != expected
-        seconds = time.perf_counter() - start
-    return _figure(mode, "trivial", latencies, seconds, wrong)
+async def run(bench: Bench, args: argparse.Namespace) -> list[Measurement]:
+    measured: list[Measurement] = []
+    for r in range(args.rounds):
+        bench.round = r
+        order = bench.modes if r % 2 == 0 else bench.modes[::-1]
+        print(f"round {r + 1}/{args.rounds}: {', '.join(order)}", flush=True)
+        for workload in args.workload_list:
+            for mode in order:
+                t = time.monotonic()
+                measured.append(await bench.measure(mode, workload))
+                _show(measured[-1], time.monotonic() - t)
+        for in_flight in args.in_flight_list:
+            t = time.monotonic()
+            for m in await bench.latency(in_flight):
+                measured.append(m)
+                _show(m, time.monotonic() - t)
+    return measured
 
 
-def bench_naive(workload: str, n: int, parallel: int) -> Figure:
-    code, expected = WORKLOADS[workload]
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OPENBLAS_NUM_THREADS": "1"}
-
-    def one(_: int) -> tuple[float, bool]:
-        t = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             timeout=60, env=env)  # fmt: skip
-        return time.perf_counter() - t, out.stdout == expected
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(parallel) as pool:
-        done = list(pool.map(one, range(n)))
-    seconds = time.perf_counter() - start
-    return _figure("naive", workload, [d[0] for d in done], seconds, sum(not d[1] for d in done))
+async def isolation(url: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        return dict((await client.get("/v1/status")).json().get("isolation", {}))
 
 
-def _table(figures: list[Figure]) -> str:
-    head = ("workload", "mode", "n", "exec/s", "p50 ms", "p99 ms", "wrong")
-    lines = ["{:8} {:15} {:>6} {:>9} {:>8} {:>8} {:>5}".format(*head)]
-    for f in figures:
-        lines.append(f"{f.workload:8} {f.mode:15} {f.n:6d} {f.exec_per_s:9.1f} {f.p50_ms:8.2f} "
-                     f"{f.p99_ms:8.2f} {f.wrong:5d}")  # fmt: skip
-    return "\n".join(lines)
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    settings = Settings()
+    logs = tempfile.mkdtemp(prefix="bench-")
+    load = os.getloadavg()
+    print(f"{time.strftime('%Y-%m-%d %H:%M')}  slots={settings.slots} cpus={os.cpu_count()} "
+          f"batch={args.batch} rounds={args.rounds} load={load[0]:.2f}; logs in {logs}",
+          flush=True)  # fmt: skip
+    async with contextlib.AsyncExitStack() as stack:
+        bench = Bench(args, settings, logs)
+        started = time.monotonic()
+        await bench.start(stack)
+        print(f"started in {time.monotonic() - started:.1f} s", flush=True)
+        assert bench.service is not None
+        layers = await isolation(bench.service.url)
+        measured = await run(bench, args)
+    figs = bench_report.figures(measured)
+    throughput = [f for f in figs if "@" not in f.mode]
+    latency = [f for f in figs if "@" in f.mode]
+    print("\n" + bench_report.throughput_table(throughput))
+    print(f"\nisolation active: {', '.join(k for k, v in layers.items() if v is True)}\n")
+    print(bench_report.ratio_table(throughput, settings.slots))
+    print("\nCPU per execution, ms user/system (children: the executions; total: all but the "
+          "client)")  # fmt: skip
+    print(bench_report.cpu_table(figs))
+    print("\nlatency of single requests, end to end (trivial)")
+    print(bench_report.latency_table(latency))
+    if bench.profiles:
+        print("\nperf profiles: share of samples by role (short-lived children are undersampled:"
+              " take totals from the CPU table), hottest symbols (% of samples)")  # fmt: skip
+        print("\n".join(line for p in bench.profiles for line in p.lines()))
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "command": sys.argv,
+        "load_average": {"start": load, "end": os.getloadavg()},
+        "slots": settings.slots,
+        "isolation": layers,
+        "figures": [asdict(f) for f in figs],
+        "profiles": [asdict(p) for p in bench.profiles],
+    }
+
+
+def arguments(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=2000, help="trivial executions per mode, all rounds")
+    p.add_argument("--rounds", type=int, default=2, help="times every mode is measured")
+    p.add_argument("--batch", type=int, default=64, help="requests per HTTP batch")
+    p.add_argument("--quick", action="store_true",
+                   help="a small run (CI smoke): --n 100, 1 round, no redis")  # fmt: skip
+    p.add_argument(
+        "--modes",
+        help=f"of {','.join(MODES)} (default: {','.join(DEFAULT_MODES)}, "
+        "and the code-judge pair with --codejudge-url; service is always measured)",
+    )
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="which workloads")
+    p.add_argument("--latency-n", type=int, default=500, help="single requests per level")
+    p.add_argument("--in-flight", default="1,10,50,100", help="latency levels, comma-separated")
+    p.add_argument("--codejudge-url", help="a running code-judge (docs/benchmarks.md)")
+    p.add_argument("--codejudge-workers-pid", type=int,
+                   help="its run_workers.py process, for its CPU")  # fmt: skip
+    p.add_argument("--codejudge-redis-pid", type=int, help="its redis-server, for its CPU")
+    p.add_argument("--json", help="also write the figures to this file")
+    p.add_argument("--perf", metavar="DIR",
+                   help="record a perf profile of each measurement into DIR (perf)")  # fmt: skip
+    args = p.parse_args(argv)
+    if args.perf:
+        os.makedirs(args.perf, exist_ok=True)
+    if args.quick:
+        args.n, args.rounds = min(args.n, 100), 1
+        args.latency_n, args.in_flight = min(args.latency_n, 30), "1,10"
+    default = QUICK_MODES if args.quick else DEFAULT_MODES
+    if args.codejudge_url:
+        default = (*default, *CODEJUDGE_MODES)
+    wanted = {m.strip() for m in (args.modes or ",".join(default)).split(",") if m.strip()}
+    unknown = wanted - set(MODES)
+    if unknown:
+        p.error(f"unknown modes {sorted(unknown)}; known: {','.join(MODES)}")
+    if "codejudge" in wanted and not args.codejudge_url:
+        p.error("mode codejudge needs --codejudge-url")
+    args.mode_list = [m for m in MODES if m in wanted | {"service"}]
+    args.workload_list = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if not set(args.workload_list) <= set(WORKLOADS) or not args.workload_list:
+        p.error(f"--workloads: of {','.join(WORKLOADS)}")
+    args.in_flight_list = [int(x) for x in args.in_flight.split(",") if x.strip()]
+    if args.rounds < 1 or args.n < 1:
+        p.error("--rounds and --n must be at least 1")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=2000, help="executions per trivial workload")
-    parser.add_argument("--batch", type=int, default=64, help="requests per HTTP batch")
-    parser.add_argument("--quick", action="store_true", help="a small run (CI smoke)")
-    parser.add_argument("--json", help="also write the figures to this file")
-    parser.add_argument(
-        "--modes",
-        default=",".join(MODES),
-        help=f"which to measure, of {','.join(MODES)} (service is always measured)",
-    )
-    args = parser.parse_args(argv)
-    modes = {m.strip() for m in args.modes.split(",")} | {"service"}
-    n = 200 if args.quick else args.n
-    settings = Settings()
-    parallel = os.cpu_count() or 1
-    sizes = {"trivial": n, "sympy": max(n // 4, 50), "numpy": max(n // 2, 50)}
-    naive_sizes = {"trivial": max(n // 10, 20), "sympy": 10 if args.quick else 30,
-                   "numpy": max(n // 40, 20)}  # fmt: skip
-    figures: list[Figure] = []
-    trips: dict[str, float] = {}
-    print(f"slots={settings.slots} cpus={parallel} batch={args.batch}", flush=True)
-    if "bare" in modes:
-        for workload, count in sizes.items():
-            figures.append(asyncio.run(bench_bare(settings, workload, count)))
-            print(_table(figures[-1:]).splitlines()[-1], flush=True)
-    # Embedded and Redis mode side by side, each workload through one then the other, so
-    # that both see the same machine (others' load on a shared one drifts over minutes).
-    logs = tempfile.mkdtemp(prefix="bench-")
-    print(f"service logs in {logs}", flush=True)
-    with contextlib.ExitStack() as stack:
-        service = stack.enter_context(launch(log_path=os.path.join(logs, "service.log")))
-        cluster = stack.enter_context(redis_mode(settings, logs)) if "redis" in modes else None
-        for workload, count in sizes.items():
-            figures.append(asyncio.run(bench_service(service.url, workload, count, args.batch)))
-            print(_table(figures[-1:]).splitlines()[-1], flush=True)
-            if cluster is not None:
-                figure, trips[workload] = bench_redis(cluster, workload, count, args.batch)
-                figures.append(figure)
-                print(_table(figures[-1:]).splitlines()[-1], flush=True)
-        figures.append(asyncio.run(bench_service_latency(service.url, min(n, 500))))
-        print(_table(figures[-1:]).splitlines()[-1], flush=True)
-        if cluster is not None:
-            single = bench_service_latency(cluster.urls[0], min(n, 500), "redis-single")
-            figures.append(asyncio.run(single))
-            print(_table(figures[-1:]).splitlines()[-1], flush=True)
-        isolation = asyncio.run(_isolation(service.url))
-    if "naive" in modes:
-        for workload, count in naive_sizes.items():
-            figures.append(bench_naive(workload, count, parallel))
-            print(_table(figures[-1:]).splitlines()[-1], flush=True)
-
-    print("\n" + _table(figures))
-    print(f"\nisolation active: {', '.join(k for k, v in isolation.items() if v is True)}")
-    _compare({(f.mode, f.workload): f for f in figures}, trips, settings.slots)
+    args = arguments(argv)
+    data = asyncio.run(main_async(args))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "figures": [asdict(x) for x in figures],
-                    "isolation": isolation,
-                    "redis_round_trips_per_execution": trips,
-                },
-                f,
-                indent=2,
-            )
-    return 1 if any(f.wrong for f in figures) else 0
-
-
-def _compare(by: dict[tuple[str, str], Figure], trips: dict[str, float], slots: int) -> None:
-    for workload in WORKLOADS:
-        svc = by[("service", workload)]
-        parts = [f"{workload:8}"]
-        if ("naive", workload) in by:
-            parts.append(
-                f"service/naive = {svc.exec_per_s / by[('naive', workload)].exec_per_s:6.1f}x"
-            )
-        if ("bare", workload) in by:
-            bare = by[("bare", workload)]
-            overhead_ms = (1 / svc.exec_per_s - 1 / bare.exec_per_s) * 1000 * slots
-            parts.append(f"service/bare = {svc.exec_per_s / bare.exec_per_s:5.2f}")
-            parts.append(f"HTTP+queue overhead = {overhead_ms:+.2f} ms per execution per slot")
-        if ("redis", workload) in by:
-            parts.append(
-                f"redis/service = {by[('redis', workload)].exec_per_s / svc.exec_per_s:5.2f}"
-            )
-            parts.append(f"Redis round trips per execution = {trips[workload]:.3f}")
-        print("   ".join(parts))
-
-
-async def _isolation(url: str) -> dict:  # type: ignore[type-arg]
-    async with AsyncSandboxClient(url) as client:
-        return dict((await client.status()).isolation)
+            json.dump(data, f, indent=2)
+    return 1 if any(f["wrong"] for f in data["figures"]) else 0
 
 
 if __name__ == "__main__":

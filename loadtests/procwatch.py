@@ -34,8 +34,17 @@ class Proc:
     pid: int
     ppid: int
     state: str
-    cpu_ticks: int  # utime + stime + cutime + cstime
+    # Clock ticks (SC_CLK_TCK): its own user and system time, and those of its children
+    # (and their descendants) that it has reaped.
+    utime: int
+    stime: int
+    cutime: int
+    cstime: int
     rss_mb: float
+
+    @property
+    def cpu_ticks(self) -> int:
+        return self.utime + self.stime + self.cutime + self.cstime
 
 
 def read_proc(pid: int) -> Proc | None:
@@ -46,8 +55,9 @@ def read_proc(pid: int) -> Proc | None:
         return None
     # The command name may hold spaces and parentheses: the fields start after the last ')'.
     fields = data[data.rindex(")") + 2 :].split()
-    ticks = sum(int(x) for x in fields[11:15])
-    return Proc(pid, int(fields[1]), fields[0], ticks, int(fields[21]) * PAGE_MB)
+    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
+    return Proc(pid, int(fields[1]), fields[0], utime, stime, cutime, cstime,
+                int(fields[21]) * PAGE_MB)  # fmt: skip
 
 
 def all_procs() -> dict[int, Proc]:

@@ -1,4 +1,5 @@
-"""Targets the load generator drives: a service over its native HTTP API, or the naive baseline.
+"""Targets the load generator drives: a service over its native HTTP API or code-judge's, or
+the naive baseline.
 
 A target takes a batch of items and answers a ``Reply``: one result dict per item, in order,
 and when the request that got them went out on the wire; or it raises ``NoAnswer`` when it
@@ -11,6 +12,8 @@ refused before the request went out; nothing that may have reached the service i
   Connections are spread over httpx clients of at most ``CONNECTIONS_PER_CLIENT`` each: one
   client's pool scans all its connections and waiters on every request, which at 100
   connections cost ~7 ms of client CPU per request against ~1 ms at 10 (measured here).
+- ``CodeJudgeTarget``: code-judge's ``POST /run/long-batch`` (what the rStar2-Agent release
+  sends), to code-judge itself or to this service's code-judge front.
 - ``NaiveTarget``: ``subprocess.run([python, "-c", code])`` per call on a thread pool, what a
   service without warm interpreters does. Unconfined: it refuses workloads that would harm the
   host.
@@ -121,11 +124,14 @@ class HttpTarget:
         await asyncio.gather(*(c.aclose() for c in self._clients))
         self._clients = []
 
-    async def send(self, items: list[Item], lane: int, give_up_at: float) -> Reply:
+    def request(self, items: list[Item]) -> tuple[str, bytes]:
+        """The path and body that carry ``items``."""
         if len(items) == 1:
-            path, body = "/v1/execute", orjson.dumps(items[0].request)
-        else:
-            path, body = "/v1/execute/batch", orjson.dumps({"requests": [i.request for i in items]})
+            return "/v1/execute", orjson.dumps(items[0].request)
+        return "/v1/execute/batch", orjson.dumps({"requests": [i.request for i in items]})
+
+    async def send(self, items: list[Item], lane: int, give_up_at: float) -> Reply:
+        path, body = self.request(items)
         on_wire: list[float] = []
 
         async def trace(event: str, _: object) -> None:
@@ -166,18 +172,76 @@ class HttpTarget:
             await asyncio.sleep(delay)
             attempt += 1
 
-    @staticmethod
-    def _results(response: httpx.Response, count: int) -> list[dict[str, Any]]:
+    def _results(self, response: httpx.Response, count: int) -> list[dict[str, Any]]:
         if response.status_code != 200:
             return _refused(response, count)
         try:
             data = orjson.loads(response.content)
-            results = [data] if count == 1 and "status" in data else data["results"]
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-            raise NoAnswer(f"unreadable answer: {exc}") from exc
+            results = self.results_of(data, count)
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise NoAnswer(f"unreadable answer: {exc!r}") from exc
         if len(results) != count:
             raise NoAnswer(f"sent {count} requests, got {len(results)} results")
-        return list(results)
+        return results
+
+    def results_of(self, data: Any, count: int) -> list[dict[str, Any]]:
+        """The native result dicts in an answer's body."""
+        return [data] if count == 1 and "status" in data else list(data["results"])
+
+
+# A code-judge result's ``reason`` -> the native status it stands for, when it did not run
+# successfully; any other reason (``""``) is a program that ran and failed.
+CODEJUDGE_REASONS = {
+    "worker_timeout": "timeout",
+    "queue_timeout": "queue_timeout",
+    "internal_error": "internal_error",
+    "invalid_input": "http_invalid_input",
+}
+
+
+class CodeJudgeTarget(HttpTarget):
+    """code-judge's ``POST /run/long-batch``, the one request the rStar2-Agent release sends
+    (``rstar2_agent/tools/code_judge_utils.py``): ``{"type": "batch", "submissions": [{"type":
+    "python", "solution": code, "input": stdin}, ...]}``, for batches of one too. Speaks to
+    code-judge itself or to this service's code-judge front, so one client, payload and batch
+    shape measure both. Answers are read back into the native shape: ``run_success`` is
+    ``ok``, reasons map by ``CODEJUDGE_REASONS``, else ``error`` (code-judge cannot tell a
+    memory or output limit from an error); ``cost`` is the run time. Time and memory limits
+    are the server's: a request's ``timeout_s`` and ``memory_mb`` are not sent (code-judge has
+    no such fields); a ``repl`` request is wrapped as the naive baseline wraps it; one with
+    ``files`` is refused before sending."""
+
+    def __init__(self, url: str, label: str = "code-judge API", timeout_s: float = 900.0) -> None:
+        super().__init__(url, label, timeout_s)
+
+    def request(self, items: list[Item]) -> tuple[str, bytes]:
+        subs = [submission(item.request) for item in items]
+        return "/run/long-batch", orjson.dumps({"type": "batch", "submissions": subs})
+
+    def results_of(self, data: Any, count: int) -> list[dict[str, Any]]:
+        return [native_of_codejudge(r) for r in data["results"]]
+
+
+def submission(request: dict[str, Any]) -> dict[str, Any]:
+    """A native request as a code-judge submission."""
+    if request.get("files"):
+        raise ValueError("code-judge has no files field: a request with files cannot be sent")
+    code = request["code"]
+    if request.get("mode") == "repl":
+        code = REPL.format(source=code)
+    return {"type": "python", "solution": code, "input": request.get("stdin", "")}
+
+
+def native_of_codejudge(result: dict[str, Any]) -> dict[str, Any]:
+    reason = result.get("reason") or ""
+    status = "ok" if result.get("run_success") else CODEJUDGE_REASONS.get(reason, "error")
+    return {
+        "status": status,
+        "stdout": result.get("stdout") or "",
+        "stderr": result.get("stderr") or "",
+        "wall_time_s": float(result.get("cost") or 0.0),
+        "message": reason,
+    }
 
 
 # A repl-mode request run by a bare interpreter: run the body, print the final expression's repr.

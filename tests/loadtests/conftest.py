@@ -4,6 +4,8 @@ one else's process limit."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -22,3 +24,37 @@ def own_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicePro
     )
     yield svc
     svc.stop()
+
+
+# Forks four children that each burn 0.2 s of user CPU, reaps them, says so, and waits.
+FORKER = """
+import os, sys, time
+sys.stdin.readline()
+for _ in range(4):
+    if os.fork() == 0:
+        t = time.process_time()
+        while time.process_time() - t < 0.2:
+            sum(range(20000))  # user time: the clock is read (a system call) seldom
+        os._exit(0)
+    os.wait()
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.fixture
+def forker() -> Iterator[subprocess.Popen[str]]:
+    """A parent of four CPU-burning children: write a line to start it, read "done"."""
+    proc = subprocess.Popen([sys.executable, "-c", FORKER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    yield proc
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(10)
+
+
+def run_forker(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline() == "done\n"

@@ -52,6 +52,20 @@ def test_small_run_with_naive_baseline_writes_the_report(
     assert "- zygotes RSS MiB: start" in summary and "idle before 3, idle after 3" in summary
 
 
+def test_code_judge_api_beside_the_native_one(own_service: ServiceProcess, tmp_path: Path) -> None:
+    # Our code-judge front stands in for code-judge: one client, payload and batch for both.
+    done = cli("--url", own_service.url, "--api", "codejudge", "--baseline", own_service.url,
+               "--baseline-api", "native", "--workload", "trivial:3,sympy:1", "--count", "60",
+               "--concurrency", "32", "--batch", "16", "--warmup", "0", "--quiet",
+               "--no-plots", "--out", str(tmp_path))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    codejudge, native = json.loads((tmp_path / "report.json").read_text())["runs"]
+    for run in (codejudge, native):
+        assert (run["answered"], run["lost"], run["wrong"]) == (60, 0, 0)
+    assert codejudge["label"] == "service via /run/long-batch" and native["label"] == "baseline"
+    assert codejudge["queue_wait_ms"]["max"] == 0  # code-judge's answers carry no queue wait
+
+
 def test_wrong_answers_fail_the_run(own_service: ServiceProcess, tmp_path: Path) -> None:
     calls = tmp_path / "calls.jsonl"
     calls.write_text('{"code": "print(1)", "expected_stdout": "2\\n"}\n')

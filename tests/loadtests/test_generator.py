@@ -103,7 +103,7 @@ def test_queue_full_is_retried_until_accepted(tight_service: ServiceProcess) -> 
 def test_protocol_mismatch_is_lost() -> None:
     response = httpx.Response(200, json={"results": [{"status": "ok"}]})
     with pytest.raises(NoAnswer, match="sent 2 requests, got 1 results"):
-        HttpTarget._results(response, 2)
+        HttpTarget("http://127.0.0.1:9")._results(response, 2)
 
 
 def test_naive_target_runs_fresh_interpreters() -> None:
