@@ -19,7 +19,10 @@ correct or an explicit infrastructure status with a message (``internal_error``,
 ``queue_timeout``); none lost. Then, idle, the deployment must be back to its baseline: every
 node up and registered, the queue empty, no process beyond the nodes and their zygotes, no
 zombie, no leftover file in the work root, memory within bounds of the baseline. Exits 1 if
-any check fails. Bounded: the load stops after ``--duration``, answers get ``--drain`` more.
+any check fails. Bounded: the load lasts ``--duration`` or until every kind of fault has
+been done once, whichever is later (on a loaded machine nodes take seconds to come back), one
+``--interval`` more for recovery, and never more than ``OVERRUN`` × ``--duration``; answers
+still out then get ``--drain`` more.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import os
 import random
 import signal
@@ -51,6 +55,7 @@ from loadtests.targets import HttpTarget
 from loadtests.workloads import Context, Item, parse
 
 FAULTS = ("zygote", "worker", "api", "redis")
+OVERRUN = 4  # the longest the load may last, in --duration: until every kind was done once
 SETTINGS = {"visibility_timeout_s": 4, "heartbeat_interval_s": 1, "max_attempts": 3}
 MEMORY_SLACK = 1.5  # idle RSS after the soak may be this much of the baseline's...
 MEMORY_SLACK_MB = 64  # ...plus this (allocator arenas, caches warmed by the load)
@@ -85,6 +90,7 @@ class Soak:
     rng: random.Random
     started: float = field(default_factory=time.monotonic)
     faults: list[Fault] = field(default_factory=list)
+    load_until: float = math.inf  # set once the faults are done: the load stops then
 
     def zygote(self) -> str:
         node = self.rng.choice(self.cluster.worker_nodes)
@@ -121,10 +127,30 @@ class Soak:
         fault.seconds = round(time.monotonic() - began, 2)
         return fault
 
-    async def run(self, watcher: Watcher, until: float) -> None:
+    def _done(self, until: float, hard_until: float) -> bool:
+        every_kind = set(self.kinds) <= {f.kind for f in self.faults}
+        next_end = time.monotonic() + self.interval_s
+        return (every_kind and next_end > until) or next_end > hard_until
+
+    async def run(self, watcher: Watcher, until: float, hard_until: float) -> None:
+        """Faults in turn until ``until`` and every kind done once (never past ``hard_until``),
+        then the load gets one interval more to recover under."""
+        try:
+            await self._run(watcher, until, hard_until)
+        finally:
+            self.load_until = time.monotonic() + self.interval_s
+
+    def load(self, items: Iterator[Item]) -> Iterator[Item]:
+        """``items`` until the faults are done: the load generator stops when they end."""
+        for item in items:
+            if time.monotonic() > self.load_until:
+                return
+            yield item
+
+    async def _run(self, watcher: Watcher, until: float, hard_until: float) -> None:
         for kind in itertools.cycle(self.kinds):
             await asyncio.sleep(self.interval_s)
-            if time.monotonic() + self.interval_s > until:
+            if self._done(until, hard_until):
                 return
             fault = await asyncio.to_thread(self.once, kind)
             watcher.pids = self.cluster.pids  # restarted nodes have new pids
@@ -272,11 +298,13 @@ async def soak(args: argparse.Namespace, cluster: Cluster, scratch: list[str]) -
     }
     print(f"baseline: {baseline}", file=sys.stderr)
     watcher = Watcher(cluster.pids, cluster.urls[0], scratch, 1.0)
-    plan = Plan(args.count, args.concurrency, args.batch, args.duration, args.drain)
+    longest = OVERRUN * args.duration
+    plan = Plan(args.count, args.concurrency, args.batch, longest + args.interval, args.drain)
     chaos = Soak(cluster, args.faults.split(","), args.interval, random.Random(args.seed))
-    faults = asyncio.create_task(chaos.run(watcher, time.monotonic() + args.duration))
+    now = time.monotonic()
+    faults = asyncio.create_task(chaos.run(watcher, now + args.duration, now + longest))
     try:
-        items = with_ids(workload.items(args.count, args.seed, Context(port)), tag)
+        items = chaos.load(with_ids(workload.items(args.count, args.seed, Context(port)), tag))
         run = await measure(target, items, plan, workload=workload.name, target_name=url,
                             watcher=watcher, progress=not args.quiet)  # fmt: skip
     finally:
@@ -303,7 +331,8 @@ def summarize(result: dict[str, Any], fig: dict[str, Any], args: argparse.Namesp
         "",
         f"{args.api_nodes} API node(s), {args.workers} worker node(s) of {args.slots} slot(s), "
         f"workload {args.workload}, {args.concurrency} in flight in batches of {args.batch}, "
-        f"{args.duration:.0f} s, a fault every {args.interval:.0f} s.",
+        f"{args.duration:.0f} s or until every kind of fault was done, a fault every "
+        f"{args.interval:.0f} s.",
         "",
         f"- faults: {dict(kinds)}",
         f"- requests: {r.recorder.sent} sent, {fig['answered']} answered, {fig['lost']} lost, "
