@@ -107,7 +107,10 @@ def test_runs_as_unprivileged_uid(client: SandboxClient) -> None:
 
 def test_cannot_write_outside_working_directory(client: SandboxClient) -> None:
     _layer(client, "mount")
-    targets = ["/etc/evil", "/var/tmp/evil", "/usr/evil", os.getcwd() + "/evil", "/root/evil"]
+    # A name of this run's own: a leftover of an earlier run (or of a non-root run, where /var/tmp
+    # is writable) must not read as this run's escape.
+    name = f"evil-{uuid.uuid4().hex}"
+    targets = [f"{d}/{name}" for d in ("/etc", "/var/tmp", "/usr", os.getcwd(), "/root")]
     code = (
         "import os\n"
         f"for path in {targets!r}:\n"
