@@ -16,6 +16,7 @@ import errno
 import os
 import resource
 import signal
+import sys
 import time
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -118,6 +119,11 @@ def cover(path: str, keep: list[str], *, size_mb: int = 1, mode: int = 0o755,
     inside = sorted({k for k in keep if _within(k, path) and os.path.isdir(k)})
     inside = [k for k in inside if not any(k != o and _within(k, o) for o in inside)]
     if path in inside:
+        if writable:  # leaving it as it is would leave it read-only: say so instead
+            raise OSError(
+                f"{path} itself holds the interpreter's files ({sys.prefix}, sys.path): a "
+                f"private {path} would hide them; install Python and the packages elsewhere"
+            )
         return inside  # the whole tree is needed: nothing to cover
     trees = []
     for k in inside:

@@ -50,6 +50,19 @@ def _zygote_env() -> dict[str, str]:
     }
 
 
+# The zygote starts in "/" and without the working directory on sys.path (-P, Python 3.11+;
+# the zygote drops it itself on 3.10): where the service was started must not matter. Started
+# from /tmp, the directory it would have prepended made /tmp "an interpreter path" that the
+# private /tmp had to keep visible, so no slot could write its working directory; and a root
+# zygote would import whatever module a user had planted there.
+ZYGOTE_COMMAND = (
+    sys.executable,
+    *(("-P",) if sys.version_info >= (3, 11) else ()),
+    "-m",
+    "sandbox_service.executor.zygote",
+)
+
+
 class ZygoteProcess(Protocol):
     """What a slot needs of a started zygote: a local child process, or a container."""
 
@@ -78,15 +91,14 @@ async def launch_local(
     parent, child = socket.socketpair()
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "sandbox_service.executor.zygote",
+            *ZYGOTE_COMMAND,
             json.dumps(asdict(cfg)),
             str(child.fileno()),
             pass_fds=[child.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             env=_zygote_env(),
+            cwd="/",
         )
     finally:
         child.close()

@@ -424,6 +424,8 @@ def serve(sock: socket.socket, zygote: Zygote) -> None:
 
 
 def main(argv: list[str]) -> None:
+    if sys.path and sys.path[0] == os.getcwd():
+        del sys.path[0]  # Python 3.10 (no -P): the directory we were started in is not ours
     cfg = ZygoteConfig(**json.loads(argv[0]))
     sock = socket.socket(fileno=int(argv[1]))
     iso.die_with_parent()
