@@ -77,6 +77,8 @@ def start(
     port_setting: str = "port",
     python: Sequence[str] = (sys.executable,),
     port: int | None = None,
+    cwd: str | None = None,
+    wait_for: str = "/readyz",
     **settings: Any,
 ) -> ServiceProcess:
     """Start ``sandbox-service serve`` with ``settings`` (names of Settings fields).
@@ -85,7 +87,9 @@ def start(
     ``port_setting`` names the setting that holds the port its ``/readyz`` answers on (a
     worker node's is ``worker_metrics_port``). ``python`` is the interpreter, possibly behind
     a wrapper (``setpriv ... /other/python`` runs the service as another user). ``port``: a
-    free one unless given (a node restarted in the place of one that died)."""
+    free one unless given (a node restarted in the place of one that died). ``cwd``: the
+    directory it starts in. ``wait_for``: the probe that must answer 200 (``/healthz`` for a
+    service expected never to become ready)."""
     port = port or free_port()
     # Slot uids unique to this service, so that parallel test runs never have to move to
     # another range (executor.uids). ``uid_base=None``: the service's own default.
@@ -98,6 +102,7 @@ def start(
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
+            cwd=cwd,
         )
     service = ServiceProcess(f"http://127.0.0.1:{port}", port, process, log_path, settings)
     deadline = time.monotonic() + ready_timeout_s
@@ -105,7 +110,7 @@ def start(
         if process.poll() is not None:
             raise LaunchError(f"service exited with {process.returncode}:\n{service.log()[-3000:]}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{service.url}/readyz", timeout=2).status_code == 200:
+            if httpx.get(f"{service.url}{wait_for}", timeout=2).status_code == 200:
                 return service
         time.sleep(0.1)
     service.stop()

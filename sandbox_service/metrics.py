@@ -81,6 +81,13 @@ class Metrics:
         self.slot_restarts = Counter(
             "sandbox_slot_restarts_total", "Zygotes restarted after dying", registry=r
         )
+        self.slot_start_failures = Counter(
+            "sandbox_slot_start_failures_total",
+            "Failed zygote starts (start) and failed canary executions (canary); while they "
+            "keep failing the slot waits longer between attempts and takes no work",
+            ["kind"],
+            registry=r,
+        )
         self.reclaimed = Counter(
             "sandbox_reclaimed_jobs_total", "Jobs taken over from a dead worker", registry=r
         )

@@ -195,6 +195,12 @@ class SlotState(BaseModel):
     executions: int
     restarts: int
     uid: int | None
+    healthy: bool = Field(description="Running, and its last canary execution passed.")
+    canaries: int = Field(description="Canary executions run (at start, restarts, periodically).")
+    failures: int = Field(description="Consecutive failed starts or canaries (0 once healthy).")
+    last_error: str | None = Field(
+        default=None, description="Why its last start or canary failed, while it has not passed."
+    )
 
 
 class WorkerInfo(BaseModel):
@@ -202,6 +208,7 @@ class WorkerInfo(BaseModel):
     slots: int
     busy: int
     executions: int
+    healthy_slots: int = Field(description="Slots that passed their last canary and run.")
     last_seen_s: float = 0.0
 
 

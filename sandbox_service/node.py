@@ -105,6 +105,7 @@ class WorkerNode:
             "slots": len(self.pool.slots),
             "busy": self.worker.busy,
             "executions": self.worker.executions,
+            "healthy_slots": self.pool.healthy(),
             "isolation": self.pool.isolation,
         }
 
@@ -112,13 +113,10 @@ class WorkerNode:
         return _json(200, {"status": "ok"})
 
     async def _readyz(self) -> tuple[int, str, bytes]:
-        if self.stopping:
-            why = "shutting down"
-        elif self.pool.live() == 0:
-            why = "no slot is running"
-        elif not self.source.ready_to_work:
+        why = "shutting down" if self.stopping else self.pool.not_ready()
+        if why is None and not self.source.ready_to_work:
             why = f"Redis at {self.source.link.where} is unreachable"
-        else:
+        if why is None:
             return _json(200, {"status": "ready"})
         return _json(503, {"status": "not ready", "reason": why})
 

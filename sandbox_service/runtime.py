@@ -69,7 +69,7 @@ class EmbeddedRuntime:
         self.settings = settings
         self.metrics = Metrics(settings.max_tenant_labels)
         self.pool = SlotPool(settings)
-        self.queue = LocalQueue(settings)
+        self.queue = LocalQueue(settings, cannot_run=self.pool.broken)
         self.worker = Worker(self.pool, self.queue, settings, self.metrics, name or default_name())
         self.started_at = time.monotonic()
         self._deadline: asyncio.TimerHandle | None = None
@@ -109,9 +109,8 @@ class EmbeddedRuntime:
         ok, why = await self.queue.ready()
         if not ok:
             return ok, why
-        if self.pool.live() == 0:
-            return False, "no slot is running"
-        return True, ""
+        slots_down = self.pool.not_ready()
+        return (False, slots_down) if slots_down else (True, "")
 
     async def status(self) -> StatusReport:
         waiting, running = await self.queue.depth()
@@ -123,6 +122,10 @@ class EmbeddedRuntime:
                 executions=s.executions,
                 restarts=s.restarts,
                 uid=s.cfg.uid if self.pool.isolation.get("uid") is True else None,
+                healthy=s.healthy,
+                canaries=s.canaries,
+                failures=s.failures,
+                last_error=s.last_error,
             )
             for s in self.pool.slots
         ]
@@ -136,6 +139,7 @@ class EmbeddedRuntime:
                     slots=len(self.pool.slots),
                     busy=self.worker.busy,
                     executions=self.worker.executions,
+                    healthy_slots=self.pool.healthy(),
                 )
             ],
             slots=slots,

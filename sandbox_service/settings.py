@@ -81,6 +81,14 @@ class Settings(BaseSettings):
             "the next free one; set explicitly, it is a start-up error."
         ),
     )
+    canary_interval_s: float = Field(
+        default=60.0,
+        ge=0,
+        description=(
+            "How often each idle slot reruns its canary program (it also runs at start and "
+            "after every zygote restart); 0: only then."
+        ),
+    )
     work_root: str = Field(
         default="/tmp/sandbox-service",
         description="Where working directories live when no private mount namespace is possible.",

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from sandbox_service.executor.pool import SlotPool
-from sandbox_service.executor.slot import Slot, SlotCrashed, SlotStartError
+from sandbox_service.executor.slot import CanaryFailed, Slot, SlotCrashed, SlotStartError
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import ExecuteResult, Status
 from sandbox_service.queue.base import MAX_ATTEMPTS, Job, JobSource, queue_timeout, result_for
@@ -26,7 +26,13 @@ from sandbox_service.settings import Settings
 
 log = logging.getLogger(__name__)
 
-RESTART_PAUSE_S = 5.0
+MAX_BACKOFF_S = 30.0
+
+
+def restart_backoff(failures: int) -> float:
+    """Seconds to wait before the next restart of a slot that failed ``failures`` times in a
+    row: none for a zygote that merely died, then 0.5, 1, 2, ... up to ``MAX_BACKOFF_S``."""
+    return 0.0 if failures <= 0 else min(MAX_BACKOFF_S, 0.5 * 2 ** (failures - 1))
 
 
 def default_name() -> str:
@@ -75,31 +81,53 @@ class Worker:
     def busy(self) -> int:
         return sum(s.busy for s in self.pool.slots)
 
-    async def _ensure_running(self, slot: Slot) -> None:
-        while not slot.alive:
-            try:
-                if await slot.ensure_running():
-                    self.metrics.slot_restarts.inc()
-                    log.warning("slot %d: zygote restarted (pid %s)", slot.index, slot.pid)
-            except SlotStartError as exc:
-                log.error("%s; retrying in %.0f s", exc, RESTART_PAUSE_S)
-                await asyncio.sleep(RESTART_PAUSE_S)
-
     async def _supervise(self, slot: Slot) -> None:
-        """Replace a zygote as soon as it dies, not when the next job finds it dead."""
+        """Keep ``slot`` healthy: restart its zygote when it dies or fails its canary, backing
+        off while that keeps failing, and rerun the canary every ``canary_interval_s``."""
+        interval = self.settings.canary_interval_s or None
         while True:
-            await slot.wait_exit()
-            await self._ensure_running(slot)
+            if not slot.healthy:
+                await self._recover(slot)
+            try:
+                await asyncio.wait_for(slot.wait_exit(), interval)
+            except asyncio.TimeoutError:
+                if await slot.prove() is not None:
+                    self.metrics.slot_start_failures.labels("canary").inc()
+                    log.error("%s; restarting it", slot.last_error)
+
+    async def _recover(self, slot: Slot) -> None:
+        """Restart ``slot`` until it passes its canary. Consecutive failures wait
+        ``restart_backoff(failures)``; a failure is logged when its reason changes, not at
+        every attempt, so a slot that fails the same way for hours writes one line."""
+        logged = None
+        while not slot.healthy:
+            delay = restart_backoff(slot.failures)
+            if delay:
+                await asyncio.sleep(delay)
+            try:
+                await slot.recover()
+            except SlotStartError as exc:
+                kind = "canary" if isinstance(exc, CanaryFailed) else "start"
+                self.metrics.slot_start_failures.labels(kind).inc()
+                if slot.last_error != logged:
+                    logged = slot.last_error
+                    log.error("%s; retrying with backoff (up to %.0f s)", exc, MAX_BACKOFF_S)
+                continue
+            self.metrics.slot_restarts.inc()
+            if logged:
+                log.warning("slot %d: recovered (zygote pid %s)", slot.index, slot.pid)
+            else:
+                log.warning("slot %d: zygote restarted (pid %s)", slot.index, slot.pid)
 
     async def _consume(self, slot: Slot) -> None:
         while True:
-            await self._ensure_running(slot)
+            await slot.wait_healthy()  # a slot that cannot execute takes no work
             job = await self.source.get()
             if job is None:
                 return
             taken = time.monotonic()
             try:
-                await self._ensure_running(slot)  # it may have died while we waited for work
+                await slot.wait_healthy()  # it may have died while we waited for work
                 result = await self.run(slot, job)
             except asyncio.CancelledError:
                 stopped = "the worker stopped before this execution finished"

@@ -16,7 +16,6 @@ import errno
 import os
 import resource
 import signal
-import sys
 import time
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -108,6 +107,12 @@ def _within(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
+def kept_inside(path: str, keep: list[str]) -> list[str]:
+    """The outermost ``keep`` directories within ``path`` (``path`` itself if it is kept)."""
+    inside = sorted({k for k in keep if _within(k, path) and os.path.isdir(k)})
+    return [k for k in inside if not any(k != o and _within(k, o) for o in inside)]
+
+
 def cover(path: str, keep: list[str], *, size_mb: int = 1, mode: int = 0o755,
           writable: bool = False) -> list[str]:  # fmt: skip
     """Mount a fresh tmpfs over ``path``, except the ``keep`` paths inside it, which stay
@@ -116,14 +121,8 @@ def cover(path: str, keep: list[str], *, size_mb: int = 1, mode: int = 0o755,
     5.2+) to carry the kept trees across the cover."""
     if not os.path.isdir(path):
         return []
-    inside = sorted({k for k in keep if _within(k, path) and os.path.isdir(k)})
-    inside = [k for k in inside if not any(k != o and _within(k, o) for o in inside)]
+    inside = kept_inside(path, keep)
     if path in inside:
-        if writable:  # leaving it as it is would leave it read-only: say so instead
-            raise OSError(
-                f"{path} itself holds the interpreter's files ({sys.prefix}, sys.path): a "
-                f"private {path} would hide them; install Python and the packages elsewhere"
-            )
         return inside  # the whole tree is needed: nothing to cover
     trees = []
     for k in inside:

@@ -1,4 +1,5 @@
-"""The slots of one node: started together, checked against the required isolation, stopped.
+"""The slots of one node: started together, checked against the required isolation, proven
+with the canary, stopped.
 
 Which layers are active is what the zygotes found at start-up, reported as is; a layer the
 settings require that turns out to be unavailable is a start-up error, never a silent downgrade.
@@ -112,6 +113,13 @@ class SlotPool:
                 f"{m}: {self.isolation.get(f'{m}_note', 'unavailable')}" for m in missing
             )
             raise IsolationUnavailable(f"required isolation unavailable: {why}")
+        # Before the node says it is ready, every slot runs the canary through the whole
+        # confinement. A slot that fails is not a start-up error (the worker keeps retrying it
+        # with backoff, /readyz says why): the host may be at fault, not the settings.
+        proofs = await asyncio.gather(*(s.prove() for s in self.slots))
+        for slot, failed_canary in zip(self.slots, proofs, strict=True):
+            if failed_canary is not None:
+                log.error("slot %d cannot execute: %s", slot.index, failed_canary)
         active = [k for k, v in self.isolation.items() if v is True]
         inactive = {k: self.isolation.get(f"{k}_note", "off") for k in OPTIONAL_LAYERS
                     if self.isolation.get(k) is not True}  # fmt: skip
@@ -124,5 +132,22 @@ class SlotPool:
         if self.uids is not None:
             self.uids.release()  # the zygotes of these uids are gone
 
-    def live(self) -> int:
-        return sum(1 for s in self.slots if s.alive)
+    def healthy(self) -> int:
+        """Slots that can execute now: running, and their last canary passed."""
+        return sum(1 for s in self.slots if s.healthy)
+
+    def broken(self) -> str | None:
+        """Why no slot can execute, when every one has failed its last start or canary (not
+        merely restarting): work admitted now would only wait for its queue timeout."""
+        if all(s.failures and not s.healthy for s in self.slots):
+            return self.not_ready()
+        return None
+
+    def not_ready(self) -> str | None:
+        """Why no slot can take work (each slot's last error), or None if one can."""
+        if self.healthy():
+            return None
+        errors = [s.last_error for s in self.slots if s.last_error]
+        if errors:
+            return "no slot can execute: " + "; ".join(errors)
+        return "no slot is running (starting or restarting)"

@@ -1,8 +1,10 @@
-"""A slot: the service's handle on one zygote process, which it starts, talks to and restarts.
+"""A slot: the service's handle on one zygote process, which it starts, proves, talks to and
+restarts.
 
-One execution at a time per slot. A zygote that dies or stops answering is killed and started
-again; the execution it held raises ``SlotCrashed`` so the caller can decide what to do with
-it (the worker retries it once elsewhere).
+One execution at a time per slot. A zygote that dies or stops answering is killed; the
+execution it held raises ``SlotCrashed`` so the caller can decide what to do with it (the
+worker retries it once elsewhere). When to restart, and how long to wait while restarts keep
+failing, is the worker's policy.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import sandbox_service
@@ -28,7 +30,8 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 120.0  # importing sympy on a loaded 2-core machine can take seconds
 WATCHDOG_GRACE_S = 15.0  # beyond a run's own timeout before we stop trusting the zygote
-RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)
+CANARY_TIMEOUT_S = 30.0  # generous: a loaded machine, not a slow canary, must not fail it
+CANARY_MEMORY_MB = 256
 
 
 class SlotCrashed(Exception):
@@ -37,6 +40,10 @@ class SlotCrashed(Exception):
 
 class SlotStartError(Exception):
     """A zygote could not be started."""
+
+
+class CanaryFailed(SlotStartError):
+    """A zygote started but could not run the canary program correctly."""
 
 
 def _zygote_env() -> dict[str, str]:
@@ -106,33 +113,86 @@ async def launch_local(
     return proc, reader, writer
 
 
+@dataclass(frozen=True)
+class Canary:
+    """A program every zygote must run correctly, through the whole confinement, before its
+    slot takes work: it reads stdin, writes and reads back a file in its working directory
+    and prints. A slot that starts but cannot do this is not counted as ready."""
+
+    code: str = (
+        "import sys\n"
+        "data = sys.stdin.read()\n"
+        "with open('canary.txt', 'w') as f:\n"
+        "    f.write(data)\n"
+        "print(open('canary.txt').read(), 6 * 7)\n"
+    )
+    stdin: str = "canary"
+    expected: str = "canary 42\n"
+
+    def request(self) -> dict[str, Any]:
+        return {"code": self.code, "stdin": self.stdin, "mode": "script", "files": {},
+                "timeout_s": CANARY_TIMEOUT_S, "memory_mb": CANARY_MEMORY_MB}  # fmt: skip
+
+    def failure(self, result: dict[str, Any]) -> str | None:
+        """Why ``result`` is not the canary's right answer, or None."""
+        if result.get("status") == "ok" and result.get("stdout") == self.expected:
+            return None
+        why = result.get("message") or result.get("stderr", "")[-300:] or "no message"
+        return (f"canary answered {result.get('status')} with stdout "
+                f"{result.get('stdout', '')[:80]!r}: {why}")  # fmt: skip
+
+
+CANARY = Canary()
+
+
 class Slot:
+    """One zygote: started, proven with the canary, fed one execution at a time, restarted.
+
+    ``healthy`` means the zygote is running and its last canary passed; only then does the
+    worker give it jobs. ``failures`` counts consecutive failed starts and canaries (reset by
+    a success), which the worker turns into a capped exponential backoff.
+    """
+
     def __init__(self, cfg: ZygoteConfig, launch: Launcher = launch_local) -> None:
         self.cfg = cfg
         self.index = cfg.slot
         self._launch = launch
         self.proc: ZygoteProcess | None = None
-        self.ready: dict[str, Any] = {}
+        self.ready: dict[str, Any] = {}  # the zygote's ready report
         self.busy = False
         self.executions = 0
         self.restarts = 0
+        self.canaries = 0
+        self.failures = 0
+        self.last_error: str | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
-        self._restarting: asyncio.Task[None] | None = None
-        self._ready = False  # the zygote answered "ready" and has not died since
+        self._running = False  # the zygote answered "ready" and has not died since
+        self._proven = asyncio.Event()  # ... and its canary passed since
+        self._turn = asyncio.Lock()  # one frame exchange at a time: executions and canaries
 
     @property
     def alive(self) -> bool:
         return (
-            self._ready
+            self._running
             and self._writer is not None
             and self.proc is not None
             and self.proc.returncode is None
         )
 
     @property
+    def healthy(self) -> bool:
+        return self.alive and self._proven.is_set()
+
+    @property
     def pid(self) -> int | None:
         return self.proc.pid if self.alive and self.proc is not None else None
+
+    async def wait_healthy(self) -> None:
+        while not self.healthy:
+            await self._proven.wait()
+            if not self.alive:  # died between proving itself and now
+                self._proven.clear()
 
     async def start(self) -> dict[str, Any]:
         """Start the zygote and wait for its ready report (isolation layers, memory)."""
@@ -146,58 +206,82 @@ class Slot:
             await self.kill()
             raise SlotStartError(f"slot {self.index}: unexpected first message {msg!r}")
         self.ready = msg
-        self._ready = True
+        self._running = True
         log.debug("slot %d ready: pid %s, %s", self.index, msg.get("pid"), msg.get("isolation"))
         return msg
 
-    async def execute(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Run one request on the zygote; SlotCrashed if it dies or hangs meanwhile."""
-        if not self.alive or self._writer is None or self._reader is None:
-            raise SlotCrashed(f"slot {self.index} is not running")
-        self.busy = True
+    async def prove(self) -> str | None:
+        """Run the canary; None if it passed (the slot is healthy), else why not (the zygote
+        is killed: a slot that cannot run the canary must not run anyone's code)."""
+        self.canaries += 1
         try:
-            self._writer.write(protocol.encode({"op": "run", **request}))
-            await self._writer.drain()
-            limit = float(request["timeout_s"]) + WATCHDOG_GRACE_S
-            result = await asyncio.wait_for(protocol.read_message(self._reader), limit)
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as exc:
-            await self.kill()
-            raise SlotCrashed(f"slot {self.index}: zygote lost during execution ({exc!r})") from exc
-        finally:
-            self.busy = False
+            why = CANARY.failure((await self._exchange(CANARY.request()))[0])
+        except SlotCrashed as exc:
+            why = str(exc)
+        if why is None:
+            self.failures = 0
+            self.last_error = None
+            self._proven.set()
+            return None
+        self._failed(f"slot {self.index}: {why}")
+        await self.kill()
+        return why
+
+    async def recover(self) -> None:
+        """Kill, start again and prove; SlotStartError (counted in ``failures``) if either
+        the start or the canary fails."""
+        await self.kill()
+        self.restarts += 1
+        try:
+            await self.start()
+        except SlotStartError as exc:
+            self._failed(str(exc))
+            raise
+        why = await self.prove()
+        if why is not None:
+            raise CanaryFailed(f"slot {self.index}: {why}")
+
+    def _failed(self, why: str) -> None:
+        self.failures += 1
+        self.last_error = why
+
+    async def execute(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Run one request on the zygote; SlotCrashed if it dies or hangs meanwhile, or if
+        the zygote itself failed at it (a fault of ours, so the worker may retry it)."""
+        result, recycled = await self._exchange(request)
         self.executions += 1
-        if result.pop("recycle", False):
-            # It could not clean up after this run and exits on its own: never reuse it.
-            await self.kill()
+        if recycled and result.get("status") == "internal_error":
+            raise SlotCrashed(f"slot {self.index}: {result.get('message')}")
         return result
+
+    async def _exchange(self, request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Send one run frame, read its result; (result, whether the zygote is now gone)."""
+        async with self._turn:
+            if not self.alive or self._writer is None or self._reader is None:
+                raise SlotCrashed(f"slot {self.index} is not running")
+            self.busy = True
+            try:
+                self._writer.write(protocol.encode({"op": "run", **request}))
+                await self._writer.drain()
+                limit = float(request["timeout_s"]) + WATCHDOG_GRACE_S
+                result = await asyncio.wait_for(protocol.read_message(self._reader), limit)
+            except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as exc:
+                await self.kill()
+                raise SlotCrashed(
+                    f"slot {self.index}: zygote lost during execution ({exc!r})"
+                ) from exc
+            finally:
+                self.busy = False
+            recycled = bool(result.pop("recycle", False))
+            if recycled:
+                # It could not clean up after this run and exits on its own: never reuse it.
+                await self.kill()
+            return result, recycled
 
     async def wait_exit(self) -> None:
         """Return once the current zygote process has exited (at once if there is none)."""
         if self.proc is not None:
             await self.proc.wait()
-
-    async def ensure_running(self) -> bool:
-        """Restart the zygote if it is not running; concurrent callers share one restart.
-        True if it had to be restarted."""
-        if self.alive:
-            return False
-        if self._restarting is None or self._restarting.done():
-            self._restarting = asyncio.create_task(self.restart(), name=f"restart-{self.index}")
-        await asyncio.shield(self._restarting)
-        return True
-
-    async def restart(self) -> None:
-        """Kill and start again, backing off when starts keep failing."""
-        await self.kill()
-        for attempt, delay in enumerate(RESTART_BACKOFF_S):
-            await asyncio.sleep(delay)
-            try:
-                self.restarts += 1
-                await self.start()
-                return
-            except SlotStartError as exc:
-                log.warning("slot %d: restart %d failed: %s", self.index, attempt + 1, exc)
-        raise SlotStartError(f"slot {self.index}: could not restart the zygote")
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Ask the zygote to exit; kill it if it does not (its child dies with it)."""
@@ -211,7 +295,8 @@ class Slot:
         await self.kill()
 
     async def kill(self) -> None:
-        self._ready = False
+        self._running = False
+        self._proven.clear()
         if self._writer is not None:
             self._writer.close()
             self._writer = None

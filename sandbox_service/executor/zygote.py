@@ -16,6 +16,7 @@ private /tmp (the working directory) and /dev/shm are emptied after every execut
 from __future__ import annotations
 
 import base64
+import contextlib
 import gc
 import json
 import math
@@ -186,6 +187,26 @@ def empty_directory(path: str, keep: frozenset[str] = frozenset()) -> bool:
     return set(os.listdir(path)) <= keep
 
 
+def enter_mount_namespace(cfg: ZygoteConfig, conf: Confinement) -> None:
+    """A mount namespace of the zygote's own: the host read-only, /proc private, the hidden
+    paths covered, a private tmpfs on each scratch directory."""
+    for path, _ in scratch_dirs(cfg):  # checked before anything is made read-only
+        if path in iso.kept_inside(path, interpreter_paths()):
+            raise OSError(
+                f"{path} itself holds the interpreter's files ({sys.prefix}, "
+                f"sys.path): a private {path} would hide them; install Python elsewhere"
+            )
+    iso.unshare(iso.CLONE_NEWNS)
+    iso.private_readonly_root()
+    iso.private_proc()
+    for path in cfg.hide_paths:
+        iso.cover(path, interpreter_paths())
+    for path, size_mb in scratch_dirs(cfg):
+        kept = iso.cover(path, interpreter_paths(), size_mb=size_mb, mode=SCRATCH_MODE,
+                         writable=True)  # fmt: skip
+        conf.scratch_keep[path] = frozenset(os.path.relpath(k, path).split("/")[0] for k in kept)
+
+
 def confine_zygote(cfg: ZygoteConfig) -> Confinement:
     """Enter this zygote's own namespaces and find out which layers children can apply."""
     conf = Confinement()
@@ -194,21 +215,7 @@ def confine_zygote(cfg: ZygoteConfig) -> Confinement:
     if "net" in wanted:
         conf.net = _try(conf, "net", lambda: iso.unshare(iso.CLONE_NEWNET))
     if "mount" in wanted:
-
-        def mount_ns() -> None:
-            iso.unshare(iso.CLONE_NEWNS)
-            iso.private_readonly_root()
-            iso.private_proc()
-            for path in cfg.hide_paths:
-                iso.cover(path, interpreter_paths())
-            for path, size_mb in scratch_dirs(cfg):
-                kept = iso.cover(path, interpreter_paths(), size_mb=size_mb, mode=SCRATCH_MODE,
-                                 writable=True)  # fmt: skip
-                conf.scratch_keep[path] = frozenset(
-                    os.path.relpath(k, path).split("/")[0] for k in kept
-                )
-
-        conf.mount = _try(conf, "mount", mount_ns)
+        conf.mount = _try(conf, "mount", lambda: enter_mount_namespace(cfg, conf))
     if "uid" in wanted:
         if not root or cfg.uid is None:
             conf.notes["uid"] = "not running as root: code runs as the service's own user"
@@ -293,6 +300,21 @@ def child(req: dict[str, Any], cfg: ZygoteConfig, conf: Confinement, pipes: supe
         iso.no_new_privs()
         conf.filter.load()
     runner.main(req["code"], req.get("mode", "script"), workdir)
+
+
+def make_work_root(path: str) -> None:
+    """Create ``path`` if missing as a host's /tmp is made (everyone may add, sticky), so that
+    services of other users can later put their slot directories beside ours."""
+    if not os.path.isdir(path):
+        os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # another slot made it meanwhile
+            os.mkdir(path)
+            os.chmod(path, SCRATCH_MODE)  # mkdir's mode is masked by the umask
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(
+            f"work_root {path} is not writable by uid {os.getuid()} (made by another user "
+            "without the sticky mode 1777?): choose another --work-root"
+        )
 
 
 def slot_dir(cfg: ZygoteConfig) -> str:
@@ -416,6 +438,7 @@ def serve(sock: socket.socket, zygote: Zygote) -> None:
             result = zygote.execute(msg)
         except Exception as exc:  # a fault of ours, never the program's
             result = {"status": "internal_error", "message": f"zygote: {type(exc).__name__}: {exc}"}
+            zygote.dirty = True  # whatever broke may break the next run too: start afresh
         if zygote.dirty:
             result["recycle"] = True
         protocol.send(sock, result)
@@ -440,6 +463,7 @@ def main(argv: list[str]) -> None:
         # start from run-0 again: the slot's directory is ours alone, so empty it first.
         own = slot_dir(cfg)
         shutil.rmtree(own, ignore_errors=True)
+        make_work_root(cfg.work_root)
         os.makedirs(own, mode=0o711, exist_ok=True)
     os.environ.clear()
     os.environ.update(runner.environment("/tmp" if conf.mount else cfg.work_root))

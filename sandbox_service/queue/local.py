@@ -21,7 +21,7 @@ import contextlib
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
 from sandbox_service.queue.base import (
@@ -44,8 +44,11 @@ from sandbox_service.tenants import DEFAULT, RateLimiter, Tenant
 
 
 class LocalQueue(Queue):
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self, settings: Settings, cannot_run: Callable[[], str | None] = lambda: None
+    ) -> None:
         self.settings = settings
+        self._cannot_run = cannot_run  # why nothing admitted now could run, if so
         self._waiting: dict[str, deque[Job]] = {}  # tenant -> its jobs not started (non-empty)
         self._queued = 0
         self._running = 0
@@ -135,6 +138,9 @@ class LocalQueue(Queue):
     ) -> list[ExecuteResult]:
         if self._closing:
             raise QueueUnavailable("the service is shutting down and takes no new work")
+        broken = self._cannot_run()
+        if broken:
+            raise QueueUnavailable(broken)
         futures = self._admit(requests, tenant)
         # Shielded: a caller that goes away must not cancel a job another caller joined.
         return list(await asyncio.gather(*(asyncio.shield(f) for f in futures)))

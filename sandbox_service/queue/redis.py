@@ -519,6 +519,7 @@ class RedisQueue(Queue):
                     slots=info["slots"],
                     busy=info["busy"],
                     executions=info["executions"],
+                    healthy_slots=info.get("healthy_slots", info["slots"]),
                     last_seen_s=round(now - info["at"], 3),
                 )
             )
