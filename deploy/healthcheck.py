@@ -1,4 +1,6 @@
-"""Container health check: healthy when the service answers ``GET /healthz`` on its port.
+"""Container health check: healthy when the service answers ``GET /readyz`` with 200 on its
+port: its slots passed their canary execution and its queue takes work (``/healthz`` only
+says the process is alive; a node that can run nothing must not be called healthy).
 
 An embedded or API node answers on ``SANDBOX_PORT`` (8000), a worker on
 ``SANDBOX_WORKER_METRICS_PORT`` (9100); the first that answers 200 decides, so one image-level
@@ -27,7 +29,7 @@ def ports(env: dict[str, str]) -> list[int]:
 
 def healthy(port: int) -> bool:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=TIMEOUT_S) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=TIMEOUT_S) as r:
             return r.status == 200
     except (urllib.error.URLError, OSError):
         return False
