@@ -146,7 +146,7 @@ class Bench:
         if self.pool is not None:
             pool = self.pool
             self.roles["bare"] = Roles(
-                {"api": me(), "zygote": lambda: [s.pid for s in pool.slots if s.pid]}
+                {"api": me(), "zygote": lambda: [s.pid for s in pool.zygotes if s.pid]}
             )
         assert self.service is not None
         api = fixed(self.service.process.pid)

@@ -65,7 +65,8 @@ async def bare_mode(
     latencies: list[float] = []
     wrong = [0, ""]
 
-    async def slot_loop(slot, todo) -> None:  # type: ignore[no-untyped-def]
+    async def slot_loop(index, todo) -> None:  # type: ignore[no-untyped-def]
+        slot = pool.zygote_for(index, code)  # as the service's worker chooses
         for _ in todo:
             t = time.monotonic()
             out = await slot.execute(request)
@@ -75,12 +76,12 @@ async def bare_mode(
                 wrong[1] = wrong[1] or f"{out['status']}: {out['stdout'][-200:]}"
 
     warm = iter(range(2 * len(pool.slots)))
-    await asyncio.gather(*(slot_loop(s, warm) for s in pool.slots))
+    await asyncio.gather(*(slot_loop(i, warm) for i in range(len(pool.slots))))
     latencies.clear()
     meter.begin()
     todo = iter(range(n))
     start = time.monotonic()
-    await asyncio.gather(*(slot_loop(s, todo) for s in pool.slots))
+    await asyncio.gather(*(slot_loop(i, todo) for i in range(len(pool.slots))))
     seconds = time.monotonic() - start
     cpu, _ = meter.end(n)
     return Measurement("bare", workload, n, seconds, latencies, int(wrong[0]), cpu,

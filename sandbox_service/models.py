@@ -220,6 +220,10 @@ class StatusReport(BaseModel):
     in_flight: int
     workers: list[WorkerInfo]
     slots: list[SlotState] = Field(default_factory=list)
+    light_slots: list[SlotState] = Field(
+        default_factory=list,
+        description="Each slot's light zygote (standard-library preloads only), if it has one.",
+    )
     isolation: dict[str, bool | str] = Field(default_factory=dict)
     zygote: dict[str, object] = Field(
         default_factory=dict, description="Preloaded interpreter: resident MiB, failed preloads."

@@ -13,6 +13,7 @@ import time
 from typing import Protocol
 
 from sandbox_service.executor.pool import SlotPool
+from sandbox_service.executor.slot import Slot
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import SlotState, StatusReport, WorkerInfo
 from sandbox_service.queue.base import Queue
@@ -60,6 +61,21 @@ class Runtime(Protocol):
     async def status(self) -> StatusReport: ...
 
     async def ready(self) -> tuple[bool, str]: ...
+
+
+def slot_state(slot: Slot, uid_layer: bool) -> SlotState:
+    return SlotState(
+        index=slot.index,
+        pid=slot.pid,
+        busy=slot.busy,
+        executions=slot.executions,
+        restarts=slot.restarts,
+        uid=slot.cfg.uid if uid_layer else None,
+        healthy=slot.healthy,
+        canaries=slot.canaries,
+        failures=slot.failures,
+        last_error=slot.last_error,
+    )
 
 
 class EmbeddedRuntime:
@@ -114,21 +130,8 @@ class EmbeddedRuntime:
 
     async def status(self) -> StatusReport:
         waiting, running = await self.queue.depth()
-        slots = [
-            SlotState(
-                index=s.index,
-                pid=s.pid,
-                busy=s.busy,
-                executions=s.executions,
-                restarts=s.restarts,
-                uid=s.cfg.uid if self.pool.isolation.get("uid") is True else None,
-                healthy=s.healthy,
-                canaries=s.canaries,
-                failures=s.failures,
-                last_error=s.last_error,
-            )
-            for s in self.pool.slots
-        ]
+        uid_layer = self.pool.isolation.get("uid") is True
+        slots = [slot_state(s, uid_layer) for s in self.pool.slots]
         return StatusReport(
             mode="embedded",
             queue_depth=waiting,
@@ -143,6 +146,7 @@ class EmbeddedRuntime:
                 )
             ],
             slots=slots,
+            light_slots=[slot_state(s, uid_layer) for s in self.pool.light],
             isolation=self.pool.isolation,
             zygote=self.pool.zygote,
             executions=dict(self.metrics.by_status),

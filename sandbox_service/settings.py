@@ -81,6 +81,14 @@ class Settings(BaseSettings):
             "the next free one; set explicitly, it is a start-up error."
         ),
     )
+    light_zygote: bool = Field(
+        default=True,
+        description=(
+            "Give each slot a second zygote that preloads only the standard-library part of "
+            "--preload; programs that import nothing else fork from it, which costs less "
+            "(docs/benchmarks.md). Not with the docker executor backend."
+        ),
+    )
     canary_interval_s: float = Field(
         default=60.0,
         ge=0,

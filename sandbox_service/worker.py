@@ -67,19 +67,19 @@ class Worker:
 
     def start(self) -> None:
         self.metrics.slots.set(len(self.pool.slots))
-        self.metrics.watch(self.metrics.slots_busy, lambda: sum(s.busy for s in self.pool.slots))
+        self.metrics.watch(self.metrics.slots_busy, lambda: self.busy)
         self._tasks = [
             asyncio.create_task(self._consume(slot), name=f"slot-{slot.index}")
             for slot in self.pool.slots
         ]
         self._supervisors = [
             asyncio.create_task(self._supervise(slot), name=f"supervise-{slot.index}")
-            for slot in self.pool.slots
+            for slot in self.pool.zygotes
         ]
 
     @property
     def busy(self) -> int:
-        return sum(s.busy for s in self.pool.slots)
+        return sum(s.busy for s in self.pool.zygotes)
 
     async def _supervise(self, slot: Slot) -> None:
         """Keep ``slot`` healthy: restart its zygote when it dies or fails its canary, backing
@@ -120,6 +120,8 @@ class Worker:
                 log.warning("slot %d: zygote restarted (pid %s)", slot.index, slot.pid)
 
     async def _consume(self, slot: Slot) -> None:
+        """Slot ``slot``'s loop: one job at a time, on its full zygote or on its light one
+        (``SlotPool.zygote_for``)."""
         while True:
             await slot.wait_healthy()  # a slot that cannot execute takes no work
             job = await self.source.get()
@@ -127,8 +129,9 @@ class Worker:
                 return
             taken = time.monotonic()
             try:
-                await slot.wait_healthy()  # it may have died while we waited for work
-                result = await self.run(slot, job)
+                on = self.pool.zygote_for(slot.index, job.request.code)
+                await on.wait_healthy()  # it may have died while we waited for work
+                result = await self.run(on, job)
             except asyncio.CancelledError:
                 stopped = "the worker stopped before this execution finished"
                 await self.source.done(job, result_for(job, Status.killed, stopped, self.name))

@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from sandbox_service.executor import uids
+from sandbox_service.executor.imports import imports_only_stdlib, stdlib_only
 from sandbox_service.executor.slot import Launcher, Slot, SlotStartError, launch_local
 from sandbox_service.executor.zygote import ZygoteConfig
 from sandbox_service.settings import Settings
@@ -30,8 +31,11 @@ class PreloadFailed(RuntimeError):
     """A module of the preload list (or the warm-up) failed in the zygote."""
 
 
-def zygote_config(settings: Settings, index: int, uid_base: int | None = None) -> ZygoteConfig:
-    """Slot ``index``'s zygote; ``uid_base``: the range claimed, if not the settings' own."""
+def zygote_config(
+    settings: Settings, index: int, uid_base: int | None = None, light: bool = False
+) -> ZygoteConfig:
+    """Zygote ``index``'s config; ``uid_base``: the range claimed, if not the settings' own;
+    ``light``: only the standard-library part of the preloads, and no warm-up."""
     # A slot container's zygote runs as root in its container, whoever runs the service.
     root = os.geteuid() == 0 or settings.executor_backend == "docker"
     uid = (uid_base if uid_base is not None else settings.uid_base) + index if root else None
@@ -40,8 +44,8 @@ def zygote_config(settings: Settings, index: int, uid_base: int | None = None) -
         uid=uid,
         gid=uid,
         layers=[layer for layer in OPTIONAL_LAYERS if layer not in settings.disable_isolation],
-        preload=list(settings.preload),
-        warmup=settings.warmup,
+        preload=stdlib_only(settings.preload) if light else list(settings.preload),
+        warmup="" if light else settings.warmup,
         work_root=settings.work_root,
         hide_paths=list(settings.hide_paths),
         tmpfs_mb=settings.tmpfs_mb,
@@ -61,11 +65,29 @@ def launcher(settings: Settings) -> Launcher:
     return launch_local
 
 
+def wants_light(settings: Settings) -> bool:
+    """Whether each slot gets a light zygote beside its full one: asked for, something to
+    leave out of it, and zygotes that are local processes (not a container each)."""
+    return (
+        settings.light_zygote
+        and stdlib_only(settings.preload) != list(settings.preload)
+        and settings.executor_backend != "docker"
+    )
+
+
 class SlotPool:
+    """``slots``: one full zygote per slot; ``light``: slot i's light zygote at index i (or
+    none), with the uids after the full ones'. A slot runs one execution at a time on either."""
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         launch = launcher(settings)
-        self.slots = [Slot(zygote_config(settings, i), launch) for i in range(settings.slots)]
+        n = settings.slots
+        self.slots = [Slot(zygote_config(settings, i), launch) for i in range(n)]
+        self.light = [
+            Slot(zygote_config(settings, n + i, light=True), launch)
+            for i in range(n if wants_light(settings) else 0)
+        ]
         self.isolation: dict[str, bool | str] = {}
         self.zygote: dict[str, Any] = {}
         self.uids: uids.UidClaim | None = None
@@ -76,14 +98,26 @@ class SlotPool:
         if self.slots[0].cfg.uid is None or self.settings.executor_backend == "docker":
             return  # no uid of our own here, or each zygote in a container of its own
         movable = "uid_base" not in self.settings.model_fields_set
-        self.uids = uids.claim(self.settings.uid_base, len(self.slots), movable)
+        self.uids = uids.claim(self.settings.uid_base, len(self.zygotes), movable)
         if self.uids.base != self.settings.uid_base:
-            for i, slot in enumerate(self.slots):
-                slot.cfg = zygote_config(self.settings, i, self.uids.base)
+            n = len(self.slots)
+            for i, slot in enumerate(self.zygotes):
+                slot.cfg = zygote_config(self.settings, i, self.uids.base, light=i >= n)
+
+    @property
+    def zygotes(self) -> list[Slot]:
+        return self.slots + self.light
+
+    def zygote_for(self, index: int, code: str) -> Slot:
+        """Which of slot ``index``'s zygotes runs ``code``: the light one for a program that
+        imports only the standard library, while it is healthy; else the full one."""
+        if self.light and self.light[index].healthy and imports_only_stdlib(code):
+            return self.light[index]
+        return self.slots[index]
 
     async def start(self) -> None:
         self._claim_uids()
-        outcomes = await asyncio.gather(*(s.start() for s in self.slots), return_exceptions=True)
+        outcomes = await asyncio.gather(*(s.start() for s in self.zygotes), return_exceptions=True)
         errors = [o for o in outcomes if isinstance(o, BaseException)]
         if errors:
             await self.stop()
@@ -116,19 +150,20 @@ class SlotPool:
         # Before the node says it is ready, every slot runs the canary through the whole
         # confinement. A slot that fails is not a start-up error (the worker keeps retrying it
         # with backoff, /readyz says why): the host may be at fault, not the settings.
-        proofs = await asyncio.gather(*(s.prove() for s in self.slots))
-        for slot, failed_canary in zip(self.slots, proofs, strict=True):
+        proofs = await asyncio.gather(*(s.prove() for s in self.zygotes))
+        for slot, failed_canary in zip(self.zygotes, proofs, strict=True):
             if failed_canary is not None:
                 log.error("slot %d cannot execute: %s", slot.index, failed_canary)
         active = [k for k, v in self.isolation.items() if v is True]
         inactive = {k: self.isolation.get(f"{k}_note", "off") for k in OPTIONAL_LAYERS
                     if self.isolation.get(k) is not True}  # fmt: skip
-        log.info("%d slots up; isolation active: %s", len(self.slots), ", ".join(active))
+        light = " (and a light zygote each)" if self.light else ""
+        log.info("%d slots up%s; isolation active: %s", len(self.slots), light, ", ".join(active))
         for layer, note in inactive.items():
             log.warning("isolation layer %s inactive: %s", layer, note)
 
     async def stop(self) -> None:
-        await asyncio.gather(*(s.stop() for s in self.slots), return_exceptions=True)
+        await asyncio.gather(*(s.stop() for s in self.zygotes), return_exceptions=True)
         if self.uids is not None:
             self.uids.release()  # the zygotes of these uids are gone
 

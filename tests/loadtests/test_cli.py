@@ -49,7 +49,7 @@ def test_small_run_with_naive_baseline_writes_the_report(
     }
     summary = (out / "summary.md").read_text()
     assert "| exec/s |" in summary and "**service / naive**" in summary
-    assert "- zygotes RSS MiB: start" in summary and "idle before 3, idle after 3" in summary
+    assert "- zygotes RSS MiB: start" in summary and "idle before 5, idle after 5" in summary
 
 
 def test_code_judge_api_beside_the_native_one(own_service: ServiceProcess, tmp_path: Path) -> None:

@@ -98,7 +98,8 @@ def test_service_environment_is_not_visible(client: SandboxClient, service: Serv
 
 def test_runs_as_unprivileged_uid(client: SandboxClient) -> None:
     _layer(client, "uid")
-    uids = {s.uid for s in client.status().slots}
+    report = client.status()
+    uids = {s.uid for s in report.slots + report.light_slots}
     r = client.execute("import os; print(os.getuid(), os.getgid(), os.getgroups())")
     uid, gid, groups = r.stdout.split(maxsplit=2)
     assert int(uid) in uids and int(gid) == int(uid) and groups.strip() == "[]"
@@ -158,7 +159,9 @@ def test_fork_bomb_is_contained(client: SandboxClient) -> None:
     assert time.monotonic() - start < 10
     assert client.execute("print('still here')").stdout == "still here\n"
     if client.status().isolation.get("uid") is True:
-        assert processes_of({s.uid for s in client.status().slots}) == []
+        assert (
+            processes_of({s.uid for s in client.status().slots + client.status().light_slots}) == []
+        )
 
 
 def test_setsid_daemon_does_not_survive(client: SandboxClient) -> None:
@@ -176,7 +179,9 @@ def test_setsid_daemon_does_not_survive(client: SandboxClient) -> None:
     assert r.stdout == "parent done\n"
     time.sleep(0.2)
     if client.status().isolation.get("uid") is True:
-        assert processes_of({s.uid for s in client.status().slots}) == []
+        assert (
+            processes_of({s.uid for s in client.status().slots + client.status().light_slots}) == []
+        )
     assert client.execute("print(1)").stdout == "1\n"
 
 

@@ -10,15 +10,18 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from sandbox_service.client import SandboxClient
 from sandbox_service.launch import start
 from sandbox_service.models import Status
 
 
-def _wait_for_restart(client: SandboxClient, index: int, old_pid: int) -> None:
+def _wait_for_restart(client: SandboxClient, index: int, old_pid: int, light: bool = False) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        slot = client.status().slots[index]
+        report = client.status()
+        slot = (report.light_slots if light else report.slots)[index]
         if slot.pid not in (None, old_pid):
             return
         time.sleep(0.1)
@@ -35,21 +38,23 @@ def test_killed_zygote_is_replaced(client: SandboxClient) -> None:
     assert all(r.stdout == "next\n" for r in results)
 
 
-def test_execution_on_a_dying_zygote_is_retried(client: SandboxClient) -> None:
+@pytest.mark.parametrize("light", [False, True], ids=["full", "light"])
+def test_execution_on_a_dying_zygote_is_retried(client: SandboxClient, light: bool) -> None:
+    """Whichever zygote of the slot runs it (numpy sends it to the full one)."""
+    code = ("" if light else "import numpy\n") + "import time; time.sleep(1.0); print('survived')"
     results: list = []
-    runner = threading.Thread(
-        target=lambda: results.extend(
-            client.execute_batch(["import time; time.sleep(1.0); print('survived')"] * 2)
-        )
-    )
+    runner = threading.Thread(target=lambda: results.extend(client.execute_batch([code] * 2)))
     runner.start()
     time.sleep(0.4)  # both slots are in the middle of their execution
-    victim = client.status().slots[1]
+    report = client.status()
+    group = report.light_slots if light else report.slots
+    assert [s.busy for s in group] == [True, True]
+    victim = group[1]
     os.kill(victim.pid, signal.SIGKILL)
     runner.join(60)
     assert [r.status for r in results] == [Status.ok, Status.ok]
     assert all(r.stdout == "survived\n" for r in results)
-    _wait_for_restart(client, 1, victim.pid)
+    _wait_for_restart(client, 1, victim.pid, light)
 
 
 def test_zygote_killed_mid_run_without_mount_namespace_leaves_nothing_behind(
