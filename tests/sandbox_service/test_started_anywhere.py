@@ -99,18 +99,15 @@ def test_worker_node_executes_started_from_tmp(
 ) -> None:
     common = {"redis_url": redis_server.url, "redis_prefix": prefix, **FAST}
     api = start(str(tmp_path / "api.log"), command=("api",), cwd="/tmp", **common)
-    worker = start(
-        str(tmp_path / "worker.log"),
-        command=("worker",),
-        port_setting="worker_metrics_port",
-        cwd="/tmp",
-        extra_env=IMAGE_ENV,
-        **common,
-    )
     try:
-        assert check_executes(api.url) == baseline
+        worker = start(str(tmp_path / "worker.log"), command=("worker",),
+                       port_setting="worker_metrics_port", cwd="/tmp", extra_env=IMAGE_ENV,
+                       **common)  # fmt: skip
+        try:
+            assert check_executes(api.url) == baseline
+        finally:
+            worker.stop()
     finally:
-        worker.stop()
         api.stop()
 
 
