@@ -300,23 +300,45 @@ def _load_healthcheck() -> Any:
     return module
 
 
-class _Healthz(http.server.BaseHTTPRequestHandler):
+class _Readyz(http.server.BaseHTTPRequestHandler):
+    """A node that is alive; ready unless its class says otherwise."""
+
+    ready = True
+
     def do_GET(self) -> None:
-        self.send_response(200 if self.path == "/healthz" else 404)
+        if self.path == "/healthz":
+            self.send_response(200)
+        elif self.path == "/readyz":
+            self.send_response(200 if self.ready else 503)
+        else:
+            self.send_response(404)
         self.end_headers()
 
     def log_message(self, *args: object) -> None:
         pass
 
 
-@pytest.fixture
-def healthz_port() -> Iterator[int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Healthz)
+class _Unready(_Readyz):
+    ready = False
+
+
+def _serve(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server.server_address[1]
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def ready_port() -> Iterator[int]:
+    yield from _serve(_Readyz)
+
+
+@pytest.fixture
+def unready_port() -> Iterator[int]:
+    yield from _serve(_Unready)
 
 
 def _closed_port() -> int:
@@ -328,16 +350,26 @@ def _closed_port() -> int:
 
 
 def test_healthcheck_finds_the_port_that_answers(
-    healthz_port: int, monkeypatch: pytest.MonkeyPatch
+    ready_port: int, unready_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     health = _load_healthcheck()
     assert health.ports({}) == [8000, 9100]
     monkeypatch.setenv("SANDBOX_PORT", str(_closed_port()))
-    monkeypatch.setenv("SANDBOX_WORKER_METRICS_PORT", str(healthz_port))
+    monkeypatch.setenv("SANDBOX_WORKER_METRICS_PORT", str(ready_port))
     assert health.main() == 0  # a worker: only the metrics port answers
-    monkeypatch.setenv("SANDBOX_PORT", str(healthz_port))
+    monkeypatch.setenv("SANDBOX_PORT", str(ready_port))
     monkeypatch.setenv("SANDBOX_WORKER_METRICS_PORT", str(_closed_port()))
     assert health.main() == 0  # an API node
     monkeypatch.setenv("SANDBOX_PORT", str(_closed_port()))
+    monkeypatch.setenv("SANDBOX_WORKER_METRICS_PORT", str(_closed_port()))
+    assert health.main() == 1
+
+
+def test_a_node_that_is_alive_but_cannot_execute_is_unhealthy(
+    unready_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/healthz answers 200 but /readyz 503 (no slot passed its canary): not healthy."""
+    health = _load_healthcheck()
+    monkeypatch.setenv("SANDBOX_PORT", str(unready_port))
     monkeypatch.setenv("SANDBOX_WORKER_METRICS_PORT", str(_closed_port()))
     assert health.main() == 1
