@@ -13,6 +13,7 @@ that the load of others on a shared machine hits every mode alike:
 - ``bare``: the slots driven from this process, no HTTP and no queue;
 - ``service``: the embedded service over HTTP, batches of ``--batch``, four in flight, every
   isolation layer the host allows;
+- ``service-full``: the same without light zygotes (every program forks from the full one);
 - ``redis``: the same through Redis mode (1 API node, 2 worker nodes of half the slots each, a
   throwaway ``redis-server``), with its Redis round trips per execution;
 - ``naive``: ``subprocess.run([python, "-c", code])`` per call, one per CPU in parallel;
@@ -57,7 +58,8 @@ from sandbox_service.executor.pool import SlotPool
 from sandbox_service.launch import ServiceProcess, launch
 from sandbox_service.settings import Settings
 
-MODES = ("floor", "floor-light", "bare", "service", "redis", "service-cj", "codejudge", "naive")
+MODES = ("floor", "floor-light", "bare", "service", "service-full", "redis", "service-cj",
+         "codejudge", "naive")  # fmt: skip
 DEFAULT_MODES = ("floor", "floor-light", "bare", "service", "redis", "naive")
 QUICK_MODES = ("floor", "floor-light", "bare", "service", "naive")
 CODEJUDGE_MODES = ("service-cj", "codejudge")
@@ -125,6 +127,8 @@ class Bench:
             stack.callback(floor.stop)
         jobs = [asyncio.to_thread(f.start) for f in self.floors.values()]
         jobs.append(asyncio.to_thread(self._start_service, stack))
+        if "service-full" in self.modes:
+            jobs.append(asyncio.to_thread(self._start_service, stack, "service-full"))
         if "bare" in self.modes:
             self.pool = SlotPool(s)
             stack.push_async_callback(self.pool.stop)
@@ -136,9 +140,17 @@ class Bench:
         await asyncio.gather(*jobs)
         self._roles()
 
-    def _start_service(self, stack: contextlib.AsyncExitStack) -> None:
-        log = os.path.join(self.logs, "service.log")
-        self.service = stack.enter_context(launch(log_path=log))
+    def _start_service(self, stack: contextlib.AsyncExitStack, mode: str = "service") -> None:
+        """``service``, or ``service-full``: the same without light zygotes (every program
+        forks from the full one), the A/B of that choice."""
+        log = os.path.join(self.logs, f"{mode}.log")
+        service = stack.enter_context(launch(log_path=log, light_zygote=mode == "service"))
+        if mode == "service":
+            self.service = service
+            return
+        api = fixed(service.process.pid)
+        self.roles[mode] = Roles({"client": me(), "api": api, "zygote": children_of(api, ZYGOTE)})
+        self.targets[mode] = HttpTarget(service.url)
 
     def _roles(self) -> None:
         for name, floor in self.floors.items():

@@ -105,6 +105,7 @@ RATIOS = (
     ("service / floor", "service", "floor"),
     ("service / floor-light", "service", "floor-light"),
     ("service / bare", "service", "bare"),
+    ("service / service-full", "service", "service-full"),
     ("redis / service", "redis", "service"),
     ("service / naive", "service", "naive"),
     ("service / code-judge", "service", "codejudge"),
