@@ -20,9 +20,11 @@ rollouts then dominate, and are uniform among themselves, the limit of the repor
 when both classes are present each keeps at least one rollout, so RoC never turns a group with
 signal into one without.
 
-The release's variant (``variant="release"``, rStar's ``down_sample/roc.py``) is deterministic:
-both classes sorted by penalty, lowest first, with per-class minimum counts (2 and 2 in its
-run script); it is here for comparison and reproduction.
+The release's variant (``variant="release"``) follows rStar's ``rstar2_agent/down_sample/roc.py``
+as of commit 5e95b19 ("rm sort for negative samples (#50)", unchanged since): deterministic,
+positives sorted by penalty (lowest first, ties in generation order), negatives taken in
+generation order (before that commit they were sorted by penalty too), with per-class minimum
+counts (2 and 2 in its run script); it is here for comparison and reproduction.
 """
 
 from __future__ import annotations
@@ -136,14 +138,14 @@ def _select_release(
     negatives: list[int],
     settings: RocSettings,
 ) -> list[int] | None:
-    """rStar's ``resample_of_correct``: lowest penalties first in each class, with minimums."""
+    """rStar's ``resample_of_correct`` (commit 5e95b19): the positives with the lowest penalties
+    and the first negatives in generation order, with minimums."""
     n, keep = len(samples), settings.keep
     if n < keep:
         return None  # the release skips groups smaller than the target
     if n == keep:
         return list(range(n))
-    by_penalty = sorted(positives, key=lambda i: penalty(samples[i], settings))
-    neg_by_penalty = sorted(negatives, key=lambda i: penalty(samples[i], settings))
+    by_penalty = sorted(positives, key=lambda i: penalty(samples[i], settings))  # stable
     n_neg = round(len(negatives) * keep / n)  # Python's round, as the release
     n_pos = round(len(positives) * keep / n)
     if n_neg < settings.min_negatives and n_pos < settings.min_positives:
@@ -154,7 +156,7 @@ def _select_release(
     if n_pos <= min(settings.min_positives, len(positives)):
         n_pos = min(settings.min_positives, len(positives))
     n_neg = keep - n_pos
-    return sorted(by_penalty[:n_pos] + neg_by_penalty[:n_neg])
+    return sorted(by_penalty[:n_pos] + negatives[:n_neg])  # negatives: generation order
 
 
 @dataclass(frozen=True)

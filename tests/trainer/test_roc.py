@@ -143,14 +143,67 @@ def test_zero_penalty_rollouts_dominate_through_the_floor() -> None:
     assert sum(0 in (k or []) for k in picks) > 1990
 
 
-def test_release_variant_takes_the_lowest_penalties_deterministically() -> None:
+def test_release_variant_takes_clean_positives_and_negatives_in_generation_order() -> None:
     pens = [sample(1.0, calls=4, errors=e) for e in (3, 0, 2, 1)]  # p_err 0.75, 0, 0.5, 0.25
-    negs = [sample(0.0, calls=4, errors=e) for e in (4, 0, 1, 2)]
+    negs = [sample(0.0, calls=4, errors=e) for e in (4, 0, 1, 2)]  # p_err 1, 0, 0.25, 0.5
     group = pens + negs
     settings = RocSettings(keep=4, variant="release", min_positives=1, min_negatives=1)
     kept = select_group(group, settings, random.Random(0))
-    assert kept == [1, 3, 5, 6]  # positives with p_err 0 and 0.25, negatives 0 and 0.25
+    # Positives with p_err 0 and 0.25; the first two negatives, not the two cleanest (5, 6):
+    # rStar commit 5e95b19 removed the sort of the negatives.
+    assert kept == [1, 3, 4, 5]
     assert select_group(group, settings, random.Random(99)) == kept
+
+
+def release_choices(
+    rewards: list[float], penalties: list[float], keep: int, min_pos: int, min_neg: int
+) -> list[int] | None:
+    """rStar's ``resample_of_correct`` for one uid at commit 5e95b19, transcribed line by line
+    (numpy and DataProto taken out); None where it keeps the whole group."""
+    indices = list(range(len(rewards)))
+    zero = [(i, p) for i, r, p in zip(indices, rewards, penalties, strict=True) if r <= 0]
+    non_zero = [(i, p) for i, r, p in zip(indices, rewards, penalties, strict=True) if r > 0]
+    non_zero.sort(key=lambda x: x[1])
+    zero_num = round(len(zero) * keep / len(indices))
+    non_zero_num = round(len(non_zero) * keep / len(indices))
+    if zero_num < min_neg and non_zero_num < min_pos:
+        return None
+    if zero_num <= min(min_neg, len(zero)):
+        zero_num = min(min_neg, len(zero))
+        non_zero_num = keep - zero_num
+    if non_zero_num <= min(min_pos, len(non_zero)):
+        non_zero_num = min(min_pos, len(non_zero))
+        zero_num = keep - non_zero_num
+    choices = [pair[0] for pair in non_zero[:non_zero_num]] + [pair[0] for pair in zero[:zero_num]]
+    assert len(choices) == keep
+    return sorted(choices)
+
+
+def test_release_variant_matches_the_release_code_on_random_groups() -> None:
+    rng = random.Random(5)
+    settings = RocSettings(keep=16, variant="release", drop_equal_reward=False)
+    for _ in range(2000):
+        group = [
+            sample(
+                float(rng.random() < 0.4),
+                calls=rng.randint(0, 4),
+                errors=0,
+                answers=rng.randint(0, 3),
+                turns=rng.randint(1, 5),
+            )
+            for _ in range(32)
+        ]
+        group = [
+            RocSample(
+                s.reward, s.tool_calls, rng.randint(0, s.tool_calls), s.answers, True, s.turns
+            )
+            for s in group
+        ]
+        expected = release_choices(
+            [s.reward for s in group], [penalty(s, settings) for s in group], 16, 2, 2
+        )
+        kept = select_group(group, settings, random.Random(0))
+        assert kept == (expected if expected is not None else list(range(32)))
 
 
 def test_release_variant_minimum_counts() -> None:
