@@ -152,8 +152,13 @@ class StageConfig:
     max_response_tokens: int | None = None  # None: rollout.max_response_tokens
     max_turns: int | None = None  # None: rollout.max_turns
     hard_only: bool = False  # keep only problems the current policy does not always solve
-    hard_filter_samples: int = 16  # rollouts per problem when filtering
+    hard_filter_samples: int = 8  # rollouts per problem when filtering (the report: 8)
     hard_filter_max_problems: int | None = None  # filter (and train on) at most this many
+    # On entering this stage from an earlier one (the report does both before stage 3): clear
+    # AdamW's moments and step count (the learning-rate schedule goes on), and make the
+    # reference policy (used when loss.kl_coef > 0) a copy of the policy as it is now.
+    reset_optimizer: bool = False
+    reset_reference: bool = False
 
 
 @dataclass(frozen=True)

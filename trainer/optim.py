@@ -20,3 +20,9 @@ def build_optimizer(
     )
     warmup = max(1, config.warmup_steps)
     return optimizer, LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+
+
+def reset_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Forget every parameter's moments and step count, as a fresh optimizer would have them;
+    the learning rate (the schedule's) is kept."""
+    optimizer.state.clear()

@@ -36,7 +36,7 @@ from trainer.checkpoint import TrainState, latest_checkpoint, load_training_stat
 from trainer.config import StageConfig, TrainConfig, load_config, save_config
 from trainer.evaluate import correct_counts, problems_of
 from trainer.modeling import Policy, load_policy
-from trainer.optim import build_optimizer
+from trainer.optim import build_optimizer, reset_optimizer_state
 from trainer.parallel import SINGLE, DataParallel
 from trainer.problems import Problem, ProblemSampler, hard_problems
 from trainer.rollout import RolloutSettings, ToolRunner
@@ -79,6 +79,13 @@ async def stage_problems(
         ]
     by_id = {p.id: p for p in problems}
     return [by_id[i] for i in state.stage_problem_ids]
+
+
+def frozen_copy(policy: Policy) -> Policy:
+    """A reference policy: the weights as they are now, never trained."""
+    reference = copy.deepcopy(policy)
+    reference.model.requires_grad_(False)
+    return reference
 
 
 def warm_start(policy: Policy, config: TrainConfig, output: Path, progress: bool) -> None:
@@ -187,9 +194,8 @@ class Trainer:
         if config.sft.enabled and not state.sft_done:
             warm_start(self.policy, config, self.output, self.progress)
             state.sft_done = True
-        if config.loss.kl_coef > 0:
-            self.reference = copy.deepcopy(self.policy)
-            self.reference.model.requires_grad_(False)
+        if config.loss.kl_coef > 0 and self.reference is None:
+            self.reference = frozen_copy(self.policy)
         backend = self.make_backend()
         history: list[dict[str, Any]] = []
         bar = tqdm(
@@ -207,9 +213,19 @@ class Trainer:
                 if state.stage_step >= stage.steps:
                     state.stage, state.stage_step = state.stage + 1, 0
                     state.sampler, state.stage_problem_ids = {}, None
+                    if state.stage < len(config.stages):
+                        self.enter_stage(config.stages[state.stage])
         if history and (config.checkpoint.every == 0 or state.step % config.checkpoint.every):
             self.save()
         return history
+
+    def enter_stage(self, stage: StageConfig) -> None:
+        """The stage change, done once when the previous stage's last step is behind us (a run
+        resumed from that step's checkpoint does it on resuming, never twice)."""
+        if stage.reset_optimizer:
+            reset_optimizer_state(self.optimizer)
+        if stage.reset_reference and self.reference is not None:
+            self.reference = frozen_copy(self.policy)
 
     async def _run_stage(
         self,

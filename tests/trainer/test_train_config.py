@@ -29,7 +29,13 @@ def test_the_recipe_config_has_the_reports_numbers() -> None:
     stages = [(s.max_response_tokens, s.hard_only) for s in config.stages]
     assert stages == [(8192, False), (12288, False), (12288, True)]
     assert config.stages[-1].max_turns == 15 and config.rollout.max_turns == 10
-    assert config.total_steps == 510
+    assert [s.steps for s in config.stages] == [300, 85, 125]
+    assert config.stages[-1].hard_filter_samples == 8
+    assert [(s.reset_optimizer, s.reset_reference) for s in config.stages] == [
+        (False, False),
+        (False, False),
+        (True, True),
+    ]
 
 
 def test_defaults_are_the_reports() -> None:
