@@ -4,6 +4,12 @@ The format of Qwen (the report's model family): ``<|im_start|>role\\ncontent<|im
 Tool results come back in a *user* turn of ``<tool_response>`` blocks, as in the release's chat
 template. RL and SFT build their text with the same functions here, so a model fine-tuned on
 transcripts sees exactly the token pieces the rollout loop will feed it.
+
+Two prompt styles (``prompt.style``). ``plain``: our tool description, assistant turns opened
+bare. ``release``: the release's chat template to the character: its tool description, every
+assistant turn opened with ``<reason>`` (its generation prompt), and a tool turn that follows
+the model's end-of-turn token with no newline (the release appends the template's rendering of
+the tool messages, which starts at ``<|im_start|>user``, right after the generated ids).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from trainer.tools import response_block, system_prompt
+from trainer.tools import PromptStyle, response_block, system_prompt
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 PAD = "<|endoftext|>"
@@ -28,22 +34,29 @@ def decode(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
     return text
 
 
-def prompt_text(user: str, system: str | None = None) -> str:
+def assistant_opening(style: PromptStyle = "plain") -> str:
+    """What opens every assistant turn; the model writes what follows."""
+    return f"{IM_START}assistant\n" + ("<reason>" if style == "release" else "")
+
+
+def prompt_text(user: str, system: str | None = None, style: PromptStyle = "plain") -> str:
     """The first prompt of a rollout: system turn, user turn, and the opened assistant turn."""
-    system = system_prompt() if system is None else system
+    system = system_prompt(style) if system is None else system
     return (
-        f"{IM_START}system\n{system}{IM_END}\n{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n"
+        f"{IM_START}system\n{system}{IM_END}\n{IM_START}user\n{user}{IM_END}\n"
+        + assistant_opening(style)
     )
 
 
-def tool_turn_text(responses: Sequence[str]) -> str:
+def tool_turn_text(responses: Sequence[str], style: PromptStyle = "plain") -> str:
     """What follows an assistant turn that ended in ``</tool_call>``.
 
     It closes that turn, gives one ``<tool_response>`` block per call in a user turn, and opens
     the next assistant turn. None of it is the model's: all of it gets loss mask 0.
     """
     body = "\n".join(response_block(text) for text in responses)
-    return f"{IM_END}\n{IM_START}user\n{body}{IM_END}\n{IM_START}assistant\n"
+    after_turn = "" if style == "release" else "\n"
+    return f"{IM_END}{after_turn}{IM_START}user\n{body}{IM_END}\n" + assistant_opening(style)
 
 
 @dataclass(frozen=True)
@@ -54,7 +67,9 @@ class Segment:
     trainable: bool
 
 
-def conversation_segments(messages: Sequence[dict[str, str]]) -> list[Segment]:
+def conversation_segments(
+    messages: Sequence[dict[str, str]], style: PromptStyle = "plain"
+) -> list[Segment]:
     """A tool-use conversation as segments; only the assistant's own words are trainable.
 
     ``messages``: an optional ``system`` message, a ``user`` message, then ``assistant``
@@ -66,7 +81,7 @@ def conversation_segments(messages: Sequence[dict[str, str]]) -> list[Segment]:
     system = messages.pop(0)["content"] if messages and messages[0]["role"] == "system" else None
     if not messages or messages[0]["role"] != "user":
         raise ValueError("a conversation starts with an optional system message, then a user one")
-    segments = [Segment(prompt_text(messages[0]["content"], system), trainable=False)]
+    segments = [Segment(prompt_text(messages[0]["content"], system, style), trainable=False)]
     i = 1
     while i < len(messages):
         message = messages[i]
@@ -78,10 +93,11 @@ def conversation_segments(messages: Sequence[dict[str, str]]) -> list[Segment]:
             j += 1
         if j > i + 1:
             tool_texts = [m["content"] for m in messages[i + 1 : j]]
-            segments.append(Segment(tool_turn_text(tool_texts), trainable=False))
+            segments.append(Segment(tool_turn_text(tool_texts, style), trainable=False))
         elif j < len(messages) and messages[j]["role"] == "user":
             segments.append(Segment(IM_END, trainable=True))
-            opener = f"\n{IM_START}user\n{messages[j]['content']}{IM_END}\n{IM_START}assistant\n"
+            user = f"\n{IM_START}user\n{messages[j]['content']}{IM_END}\n"
+            opener = user + assistant_opening(style)
             segments.append(Segment(opener, trainable=False))
             j += 1
         elif j == len(messages):

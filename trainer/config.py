@@ -18,7 +18,7 @@ import yaml
 
 from trainer.grpo import Aggregation
 from trainer.roc import RocVariant
-from trainer.tools import TruncateSide
+from trainer.tools import PromptStyle, TruncateSide
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,6 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_batch: int = 1024  # sequences per generation call of the backend
-    require_answer_tag: bool = False  # reward only a box inside <answer> (the release: anywhere)
     # rounds: every rollout a turn, then all tool calls in one batch (reproducible on CPU);
     # static / balanced: each rollout at its own pace, tool calls sent as its turn ends, turns
     # on a fixed engine (static) or placed by free KV cache with prefix affinity (balanced).
@@ -72,6 +71,21 @@ class RolloutConfig:
     chunk_tokens: int | None = 1024  # balanced: new tokens per request (trainer/scheduler.py)
     locality_wait_s: float = 2.0  # balanced: wait for the engine holding the prefix, then move
     backend: Literal["hf", "vllm"] = "hf"  # vllm: the `vllm` section, GPUs and the gpu extra
+
+
+@dataclass(frozen=True)
+class PromptConfig:
+    # plain: our tool description, bare assistant turns; release: the release's chat template
+    # (its tool description, each assistant turn opened with <reason>), what its SFT and RL
+    # checkpoints were trained on (trainer/chat.py)
+    style: PromptStyle = "plain"
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    # reward only a \boxed{} inside <answer>...</answer> (the report); false: the last box
+    # anywhere in the model's text (the release)
+    require_answer_tag: bool = False
 
 
 @dataclass(frozen=True)
@@ -193,6 +207,8 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     tool: ToolConfig = field(default_factory=ToolConfig)
     vllm: VllmConfig = field(default_factory=VllmConfig)
     roc: RocConfig = field(default_factory=RocConfig)

@@ -61,7 +61,7 @@ async def correct_counts(
             backend,
             runner,
             settings,
-            config.rollout.require_answer_tag,
+            config.reward.require_answer_tag,
             dp,
         )
     return [sum(s.reward > 0 for s in g) for g in groups], groups

@@ -44,6 +44,7 @@ from trainer.scheduler import (
 from trainer.tools import (
     CALL_CLOSE,
     ParsedCall,
+    PromptStyle,
     ToolCall,
     ToolCallError,
     TruncateSide,
@@ -71,6 +72,7 @@ class RolloutSettings:
     scheduling: SchedulerSettings | None = None  # None: in rounds
     tool_batch_size: int = 64  # asynchronous tools: a batch request leaves at this many calls
     tool_batch_timeout_s: float = 0.01  # ... or this long after its oldest call arrived
+    prompt_style: PromptStyle = "plain"  # how tool turns are written (chat.tool_turn_text)
 
 
 @dataclass
@@ -220,7 +222,7 @@ def _append_tool_turn(
             rollout.tool_errors += is_tool_error(result)
         rollout.tool_calls += 1
     texts = [truncate(t, settings.max_tool_response_chars, settings.truncate_side) for t in texts]
-    ids = tokenizer.encode(tool_turn_text(texts), add_special_tokens=False)
+    ids = tokenizer.encode(tool_turn_text(texts, settings.prompt_style), add_special_tokens=False)
     if len(rollout.response_ids) + len(ids) >= settings.max_response_tokens:
         rollout.finish = "length"  # no room left to read the response and answer
         return

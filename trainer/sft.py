@@ -25,6 +25,7 @@ from trainer.config import OptimConfig, SftConfig, load_config
 from trainer.grpo import sequence_scales
 from trainer.modeling import Policy, load_policy
 from trainer.optim import build_optimizer
+from trainer.tools import PromptStyle
 from trainer.toy import toy_conversations
 from trainer.update import Sample, forward, micro_batches
 
@@ -44,10 +45,12 @@ def load_conversations(config: SftConfig, seed: int = 0) -> list[list[dict[str, 
         return [json.loads(line)["messages"] for line in f if line.strip()]
 
 
-def encode_conversation(policy: Policy, messages: Sequence[dict[str, str]]) -> Sample:
+def encode_conversation(
+    policy: Policy, messages: Sequence[dict[str, str]], style: PromptStyle = "plain"
+) -> Sample:
     ids: list[int] = []
     mask: list[int] = []
-    for segment in conversation_segments(messages):
+    for segment in conversation_segments(messages, style):
         piece = policy.tokenizer.encode(segment.text, add_special_tokens=False)
         ids.extend(piece)
         mask.extend([int(segment.trainable)] * len(piece))
@@ -61,9 +64,11 @@ def run_sft(
     seed: int = 0,
     micro_batch_tokens: int = 16384,
     progress: bool = True,
+    style: PromptStyle = "plain",
 ) -> list[float]:
-    """Fine-tune ``policy`` in place; the loss of every step (token-mean cross-entropy)."""
-    samples = [encode_conversation(policy, m) for m in conversations]
+    """Fine-tune ``policy`` in place; the loss of every step (token-mean cross-entropy).
+    ``style``: the prompt style the RL run will use (``prompt.style``)."""
+    samples = [encode_conversation(policy, m, style) for m in conversations]
     optim = OptimConfig(
         lr=config.lr, warmup_steps=config.warmup_steps, weight_decay=config.weight_decay
     )
@@ -109,7 +114,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     policy = load_policy(config.model, seed=config.seed)
     conversations = load_conversations(config.sft, config.seed)
     losses = run_sft(
-        policy, conversations, config.sft, config.seed, config.optim.micro_batch_tokens
+        policy,
+        conversations,
+        config.sft,
+        config.seed,
+        config.optim.micro_batch_tokens,
+        style=config.prompt.style,
     )
     policy.save(args.output)
     print(json.dumps({"steps": len(losses), "first_loss": losses[0], "last_loss": losses[-1]}))

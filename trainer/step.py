@@ -31,13 +31,13 @@ from trainer.reward import reward
 from trainer.roc import RocSettings, resample_on_correct
 from trainer.rollout import Rollout, RolloutSettings, ToolRunner, generate_rollouts
 from trainer.scheduler import SchedulerSettings
-from trainer.tools import user_prompt
+from trainer.tools import PromptStyle, user_prompt
 from trainer.update import Sample, UpdateSettings, grpo_update
 
 
-def prompt_ids(policy: Policy, problem: Problem) -> list[int]:
+def prompt_ids(policy: Policy, problem: Problem, style: PromptStyle = "plain") -> list[int]:
     return policy.tokenizer.encode(
-        prompt_text(user_prompt(problem.problem)), add_special_tokens=False
+        prompt_text(user_prompt(problem.problem), style=style), add_special_tokens=False
     )
 
 
@@ -57,7 +57,9 @@ async def sample_and_score(
     require_answer_tag: bool,
 ) -> list[list[Scored]]:
     """``per_problem`` scored rollouts of each problem, grouped by problem."""
-    prompts = [prompt_ids(policy, p) for p in problems for _ in range(per_problem)]
+    prompts = [
+        prompt_ids(policy, p, settings.prompt_style) for p in problems for _ in range(per_problem)
+    ]
     rollouts = await generate_rollouts(prompts, backend, policy.tokenizer, runner, settings)
     groups = []
     for g, problem in enumerate(problems):
@@ -120,6 +122,7 @@ def rollout_settings(
         scheduling=scheduler_settings(config),
         tool_batch_size=config.tool.batch_size,
         tool_batch_timeout_s=config.tool.batch_timeout_s,
+        prompt_style=config.prompt.style,
     )
 
 
@@ -218,7 +221,7 @@ async def rl_step(
         backend,
         runner,
         rollout,
-        config.rollout.require_answer_tag,
+        config.reward.require_answer_tag,
         dp,
     )
     backend.offload()

@@ -45,20 +45,68 @@ TOOL_SCHEMA: dict[str, object] = {
     },
 }
 
-# The release's system prompt (its chat template's default), with the tool schema in <tools>.
-SYSTEM_PROMPT = (
-    "A conversation between User and Assistant. The User asks a question, and the Assistant "
-    "solves it. The Assistant first thinks about the reasoning process in the mind and then "
-    "provides the User with the answer. The reasoning process is enclosed within <reason> "
-    "</reason> and answer is enclosed within <answer> </answer> tags, respectively, i.e., "
-    "<reason> reasoning process here </reason> <answer> answer here </answer>.\n\n"
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-    + json.dumps(TOOL_SCHEMA)
-    + "\n</tools>\n\nFor each function call, return a json object with function name and "
-    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
-)
+# The same tool as the release describes it (rStar's rstar2_agent/config/tool_config/
+# python_tool_config.yaml, keys in the order verl's schema model dumps them): the text a
+# released checkpoint was trained to read.
+RELEASE_TOOL_SCHEMA: dict[str, object] = {
+    "type": "function",
+    "function": {
+        "name": TOOL_NAME,
+        "description": (
+            "Execute Python code with standard input and capture standard output. This function "
+            "takes a Python code string and an input string, provides the input string through "
+            "standard input (stdin) to the code, and captures and returns any output produced "
+            "through standard output (stdout). If the executed code raises an exception, the "
+            "error message will be captured and returned instead."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "code": {
+                    "type": "string",
+                    "description": (
+                        "A string containing Python code to be executed. The code can read "
+                        "from standard input using the input() function."
+                    ),
+                },
+                "input": {
+                    "type": "string",
+                    "description": (
+                        "A string that will be provided as standard input to the code when it "
+                        "calls input()."
+                    ),
+                },
+            },
+            "required": ["code", "input"],
+        },
+    },
+}
+
+# ``plain``: the system prompt below with our own tool description. ``release``: the release's
+# chat template exactly (its custom_chat_template in rstar2_agent_trainer.yaml): its tool
+# description, and every assistant turn opened with ``<reason>`` (chat.py).
+PromptStyle = Literal["plain", "release"]
+
+
+def _system_prompt(schema: dict[str, object]) -> str:
+    """The release's system prompt (its chat template's default), with the schema in <tools>."""
+    return (
+        "A conversation between User and Assistant. The User asks a question, and the Assistant "
+        "solves it. The Assistant first thinks about the reasoning process in the mind and then "
+        "provides the User with the answer. The reasoning process is enclosed within <reason> "
+        "</reason> and answer is enclosed within <answer> </answer> tags, respectively, i.e., "
+        "<reason> reasoning process here </reason> <answer> answer here </answer>.\n\n"
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        + json.dumps(schema)
+        + "\n</tools>\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
+SYSTEM_PROMPT = _system_prompt(TOOL_SCHEMA)
+RELEASE_SYSTEM_PROMPT = _system_prompt(RELEASE_TOOL_SCHEMA)
 
 # The release puts this instruction in front of every problem.
 PROBLEM_PREFIX = (
@@ -104,8 +152,8 @@ class ToolCallError:
 ParsedCall = ToolCall | ToolCallError
 
 
-def system_prompt() -> str:
-    return SYSTEM_PROMPT
+def system_prompt(style: PromptStyle = "plain") -> str:
+    return RELEASE_SYSTEM_PROMPT if style == "release" else SYSTEM_PROMPT
 
 
 def user_prompt(problem: str) -> str:

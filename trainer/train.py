@@ -91,7 +91,13 @@ def frozen_copy(policy: Policy) -> Policy:
 def warm_start(policy: Policy, config: TrainConfig, output: Path, progress: bool) -> None:
     conversations = load_conversations(config.sft, config.seed)
     losses = run_sft(
-        policy, conversations, config.sft, config.seed, config.optim.micro_batch_tokens, progress
+        policy,
+        conversations,
+        config.sft,
+        config.seed,
+        config.optim.micro_batch_tokens,
+        progress,
+        config.prompt.style,
     )
     policy.save(output / "sft")
     summary = {"steps": len(losses), "first_loss": losses[0], "last_loss": losses[-1]}
