@@ -127,11 +127,28 @@ def test_repeated_answers_raise_p_format(tokenizer: PreTrainedTokenizerFast) -> 
 def test_max_turns_truncates_a_rollout_that_keeps_calling(
     tokenizer: PreTrainedTokenizerFast,
 ) -> None:
-    [rollout], runner, _ = roll(tokenizer, script_of(format_tool_call("print(0)")), ["q"])
+    # Every turn boxes the right answer, then calls the tool again: never finishes.
+    script = script_of("<answer>\\boxed{0}</answer>" + format_tool_call("print(0)"))
+    [rollout], runner, _ = roll(tokenizer, script, ["q"])
     assert rollout.finish == "max_turns" and rollout.truncated
     assert rollout.turns == SETTINGS.max_turns
     assert rollout.tool_calls == runner.executed == SETTINGS.max_turns - 1  # the last is not run
-    assert reward("\\boxed{0}", "0", truncated=rollout.truncated, require_answer_tag=False) == 0.0
+    # The rollout's own text is right; being cut off is what makes it worth nothing.
+    text = rollout.model_text
+    assert reward(text, "0", truncated=False, require_answer_tag=True) == 1.0
+    assert reward(text, "0", truncated=rollout.truncated, require_answer_tag=True) == 0.0
+
+
+def test_reward_reads_the_models_text_not_the_tools_output(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    # The program prints a right box that the model's own text never spells out.
+    code = "print(chr(92) + 'boxed{' + str(6 * 7) + '}')"
+    [rollout], _, _ = roll(tokenizer, script_of(format_tool_call(code), f"done{EOS}"), ["q"])
+    transcript = tokenizer.decode(rollout.response_ids, skip_special_tokens=False)
+    assert "stdout: \\boxed{42}" in transcript and not rollout.truncated
+    assert reward(transcript, "42", truncated=False, require_answer_tag=False) == 1.0
+    assert reward(rollout.model_text, "42", truncated=False, require_answer_tag=False) == 0.0
 
 
 def test_max_length_truncates_generation_and_tool_turns(tokenizer: PreTrainedTokenizerFast) -> None:
