@@ -14,12 +14,13 @@ the tool messages, which starts at ``<|im_start|>user``, right after the generat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from trainer.tools import PromptStyle, response_block, system_prompt
+from trainer.tools import PromptStyle, format_call, response_block, system_prompt
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 PAD = "<|endoftext|>"
@@ -67,15 +68,26 @@ class Segment:
     trainable: bool
 
 
+def assistant_text(message: Mapping[str, Any], style: PromptStyle = "plain") -> str:
+    """An assistant message as the model writes it: its ``content``, then its ``tool_calls``
+    (each ``{"name", "arguments"}``; ``sft_data`` brings every format to that)."""
+    calls = message.get("tool_calls") or ()
+    return (message.get("content") or "") + "".join(
+        format_call(call["name"], call["arguments"], style) for call in calls
+    )
+
+
 def conversation_segments(
-    messages: Sequence[dict[str, str]], style: PromptStyle = "plain"
+    messages: Sequence[Mapping[str, Any]], style: PromptStyle = "plain"
 ) -> list[Segment]:
     """A tool-use conversation as segments; only the assistant's own words are trainable.
 
     ``messages``: an optional ``system`` message, a ``user`` message, then ``assistant``
-    messages, each followed by ``tool`` messages (one per call it made) or by nothing (the last).
-    An assistant message that calls a tool ends with ``</tool_call>``; the ``<|im_end|>`` after
-    it is the environment's (as in a rollout, where generation stops at the stop string).
+    messages, each followed by ``tool`` messages (one per call it made), by a ``user`` message,
+    or by nothing (the last). An assistant message that calls a tool ends with
+    ``</tool_call>``; the ``<|im_end|>`` after it is the environment's (as in a rollout, where
+    generation stops at the stop string). Without a system message the RL system prompt (our
+    tool's) is used.
     """
     messages = list(messages)
     system = messages.pop(0)["content"] if messages and messages[0]["role"] == "system" else None
@@ -87,7 +99,7 @@ def conversation_segments(
         message = messages[i]
         if message["role"] != "assistant":
             raise ValueError(f"message {i}: expected an assistant message, got {message['role']!r}")
-        segments.append(Segment(message["content"], trainable=True))
+        segments.append(Segment(assistant_text(message, style), trainable=True))
         j = i + 1
         while j < len(messages) and messages[j]["role"] == "tool":
             j += 1
@@ -100,8 +112,8 @@ def conversation_segments(
             opener = user + assistant_opening(style)
             segments.append(Segment(opener, trainable=False))
             j += 1
-        elif j == len(messages):
-            segments.append(Segment(IM_END, trainable=True))
+        elif j == len(messages):  # after a call nobody answered, the end is not the model's
+            segments.append(Segment(IM_END, trainable=not message.get("tool_calls")))
         i = j
     return segments
 

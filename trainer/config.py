@@ -18,6 +18,7 @@ import yaml
 
 from trainer.grpo import Aggregation
 from trainer.roc import RocVariant
+from trainer.sft_data import SftFormat
 from trainer.tools import PromptStyle, TruncateSide
 
 
@@ -177,12 +178,18 @@ class StageConfig:
 
 @dataclass(frozen=True)
 class SftConfig:
-    enabled: bool = False
-    data: str = "toy"  # JSONL of {"messages": [...]}; "toy": generated toy-task transcripts
+    enabled: bool = False  # in train.py, before RL (one process); else: python -m trainer.sft
+    # JSONL / JSON / parquet of conversations in any format of trainer/sft_data.py (OpenAI
+    # messages with tool calls, ShareGPT with function_call/observation, xLAM); "toy":
+    # generated toy-task transcripts
+    data: str = "toy"
+    format: SftFormat = "auto"  # auto: each row's shape says
     toy_transcripts: int = 512
     toy_direct_share: float = 0.5  # toy transcripts that answer without calling the tool
-    steps: int = 200
-    batch_size: int = 16
+    steps: int = 200  # optimizer steps on random batches, unless epochs is set
+    epochs: int | None = None  # passes over the data in shuffled batches (the report: 3)
+    max_tokens: int | None = None  # drop conversations longer than this (None: keep all)
+    batch_size: int = 16  # conversations per optimizer step
     lr: float = 1e-3
     warmup_steps: int = 10
     weight_decay: float = 0.0

@@ -9,6 +9,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -23,13 +24,7 @@ def load_problems(path: str | Path) -> list[Problem]:
     ``.json`` (a list) or ``.parquet`` (which needs pyarrow). A row without an id gets its index.
     """
     path = Path(path)
-    if path.suffix == ".parquet":
-        rows = _parquet_rows(path)
-    elif path.suffix == ".json":
-        rows = json.loads(path.read_text())
-    else:
-        with path.open() as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+    rows = read_rows(path)
     problems = []
     for i, row in enumerate(rows):
         if "problem" not in row or "answer" not in row:
@@ -40,7 +35,21 @@ def load_problems(path: str | Path) -> list[Problem]:
     return problems
 
 
-def _parquet_rows(path: Path) -> list[dict[str, object]]:
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a ``.jsonl`` file, a ``.json`` list, or a ``.parquet`` table."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        return _parquet_rows(path)
+    if path.suffix == ".json":
+        rows = json.loads(path.read_text())
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: expected a JSON list of rows")
+        return rows
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _parquet_rows(path: Path) -> list[dict[str, Any]]:
     try:
         import pyarrow.parquet as pq
     except ImportError as exc:

@@ -1,12 +1,20 @@
-"""SFT warm start: fine-tune on tool-use transcripts, the loss on the assistant's tokens only.
+"""SFT warm start: fine-tune on conversations, the loss on the assistant's tokens only.
 
-The recipe's first stage (non-reasoning SFT) teaches the tool-call format and the answer tags
-before RL. Transcripts are JSONL rows ``{"messages": [...]}`` (system?, user, then assistant
-turns each followed by its tool responses); they are rendered by ``chat.conversation_segments``,
-the same pieces the rollout loop produces, and each segment is tokenised on its own, as in a
-rollout. Prompt, user and tool-response tokens get mask 0.
+The recipe's first stage is non-reasoning SFT (the report: function-calling, instruction-
+following and chat data, 3 epochs, lr 5e-6, batch 128): it teaches the tool-call format and
+the answer tags before RL, without reasoning traces. The data is read in any format of
+``sft_data`` (OpenAI messages with tool calls and results, ShareGPT with function_call /
+observation, xLAM), rendered by ``chat.conversation_segments`` (the same pieces the rollout
+loop produces, in ``prompt.style``), each segment tokenised on its own, as in a rollout.
+System, user and tool-response tokens get mask 0.
 
     python -m trainer.sft --config trainer/configs/tiny_cpu.yaml --output runs/sft
+    torchrun --nproc-per-node 8 -m trainer.sft --config trainer/configs/rstar2_agent_14b.yaml \\
+        --output runs/sft --data sft.jsonl          # model.fsdp: sharded over the ranks
+
+``sft.epochs`` passes over the data in shuffled batches of ``sft.batch_size`` conversations;
+without it, ``sft.steps`` batches drawn at random. A batch's loss is the mean over all its
+trained tokens, whatever their micro-batches and ranks.
 """
 
 from __future__ import annotations
@@ -14,39 +22,42 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from tqdm import tqdm
 
 from trainer.chat import conversation_segments
-from trainer.config import OptimConfig, SftConfig, load_config
+from trainer.config import OptimConfig, SftConfig, TrainConfig, load_config
 from trainer.grpo import sequence_scales
 from trainer.modeling import Policy, load_policy
 from trainer.optim import build_optimizer
+from trainer.parallel import SINGLE, DataParallel
+from trainer.sft_data import load_sft_rows
 from trainer.tools import PromptStyle
 from trainer.toy import toy_conversations
 from trainer.update import Sample, forward, micro_batches
 
 TOY = "toy"
 TOY_SEED_OFFSET = 10_000  # toy SFT transcripts are on toy_problems(n, seed + this)
+Conversation = Sequence[Mapping[str, Any]]
 
 
-def load_conversations(config: SftConfig, seed: int = 0) -> list[list[dict[str, str]]]:
-    """Transcripts from a JSONL file, or ``toy``: generated toy-task transcripts (on problems
-    other than the shipped training set's)."""
+def load_conversations(config: SftConfig, seed: int = 0) -> list[Conversation]:
+    """Conversations from a file (``sft_data``), or ``toy``: generated toy-task transcripts (on
+    problems other than the shipped training set's)."""
     if config.data == TOY:
-        return toy_conversations(
-            config.toy_transcripts, seed + TOY_SEED_OFFSET, config.toy_direct_share
+        return list(
+            toy_conversations(
+                config.toy_transcripts, seed + TOY_SEED_OFFSET, config.toy_direct_share
+            )
         )
-    source = config.data
-    with Path(source).open() as f:
-        return [json.loads(line)["messages"] for line in f if line.strip()]
+    return list(load_sft_rows(config.data, config.format))
 
 
 def encode_conversation(
-    policy: Policy, messages: Sequence[dict[str, str]], style: PromptStyle = "plain"
+    policy: Policy, messages: Conversation, style: PromptStyle = "plain"
 ) -> Sample:
     ids: list[int] = []
     mask: list[int] = []
@@ -57,18 +68,36 @@ def encode_conversation(
     return Sample(token_ids=ids, loss_mask=mask, advantage=0.0)
 
 
+def batch_rows(n: int, config: SftConfig, rng: random.Random) -> list[list[int]]:
+    """Each optimizer step's rows: ``epochs`` shuffled passes, or ``steps`` random draws."""
+    if config.epochs is None:
+        return [rng.sample(range(n), min(config.batch_size, n)) for _ in range(config.steps)]
+    batches = []
+    for _ in range(config.epochs):
+        order = list(range(n))
+        rng.shuffle(order)
+        batches += [order[i : i + config.batch_size] for i in range(0, n, config.batch_size)]
+    return batches
+
+
 def run_sft(
     policy: Policy,
-    conversations: Sequence[Sequence[dict[str, str]]],
+    conversations: Sequence[Conversation],
     config: SftConfig,
     seed: int = 0,
     micro_batch_tokens: int = 16384,
     progress: bool = True,
     style: PromptStyle = "plain",
+    dp: DataParallel = SINGLE,
 ) -> list[float]:
     """Fine-tune ``policy`` in place; the loss of every step (token-mean cross-entropy).
-    ``style``: the prompt style the RL run will use (``prompt.style``)."""
+    ``style``: the prompt style the RL run will use (``prompt.style``); ``dp``: the ranks of a
+    sharded policy, each passing the same conversations."""
     samples = [encode_conversation(policy, m, style) for m in conversations]
+    if config.max_tokens is not None:
+        samples = [s for s in samples if len(s.token_ids) <= config.max_tokens]
+    if not samples:
+        raise ValueError("sft: no conversation to train on")
     optim = OptimConfig(
         lr=config.lr, warmup_steps=config.warmup_steps, weight_decay=config.weight_decay
     )
@@ -76,23 +105,35 @@ def run_sft(
     rng = random.Random(seed)
     losses = []
     policy.model.train()
-    for _ in tqdm(range(config.steps), desc="sft", disable=not progress):
-        rows = rng.sample(range(len(samples)), min(config.batch_size, len(samples)))
+    for rows in tqdm(batch_rows(len(samples), config, rng), desc="sft", disable=not progress):
         kept = torch.tensor([sum(samples[i].loss_mask[1:]) for i in rows], dtype=torch.float32)
         scale_of = dict(zip(rows, sequence_scales(kept, "token_mean").tolist(), strict=True))
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
-        for batch in micro_batches(policy, samples, rows, micro_batch_tokens):
+        for batch in micro_batches(policy, samples, rows, micro_batch_tokens, dp):
             logprobs, _ = forward(policy, batch)  # (B, T)
-            scale = torch.tensor([scale_of[i] for i in batch.rows], device=policy.device)
+            scale = torch.tensor(
+                [scale_of[i] for i in batch.rows] or [0.0], device=policy.device
+            )  # (B,); a rank's empty padding batch weighs 0
             loss = -(logprobs * batch.mask * scale.unsqueeze(-1)).sum()
             loss.backward()
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(policy.model.parameters(), config.grad_clip)
         optimizer.step()
         schedule.step()
-        losses.append(total)
+        losses.append(dp.all_reduce_sum([total], policy.device)[0])
     return losses
+
+
+def sft_policy(config: TrainConfig) -> tuple[Policy, DataParallel]:
+    """The model to fine-tune: on this process, or sharded over the ranks (``model.fsdp``)."""
+    if not config.model.fsdp:
+        return load_policy(config.model, seed=config.seed), SINGLE
+    from trainer import fsdp
+
+    device = config.model.device if config.model.device != "auto" else None
+    dp = fsdp.init_distributed(device)
+    return fsdp.load_sharded_policy(config.model, None, config.seed, dp), dp
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -103,15 +144,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--config", required=True, help="training config (its model and sft sections)"
     )
     parser.add_argument("--output", required=True, help="directory for the fine-tuned model")
-    parser.add_argument("--data", help="JSONL transcripts (overrides sft.data)")
+    parser.add_argument("--data", help="conversations, any sft_data format (overrides sft.data)")
     parser.add_argument("--steps", type=int, help="overrides sft.steps")
+    parser.add_argument("--epochs", type=int, help="overrides sft.epochs")
     args = parser.parse_args(argv)
-    overrides = {
-        k: v for k, v in {"sft.data": args.data, "sft.steps": args.steps}.items() if v is not None
-    }
+    given = {"sft.data": args.data, "sft.steps": args.steps, "sft.epochs": args.epochs}
+    overrides = {k: v for k, v in given.items() if v is not None}
     config = load_config(args.config, overrides)
     torch.manual_seed(config.seed)
-    policy = load_policy(config.model, seed=config.seed)
+    policy, dp = sft_policy(config)
     conversations = load_conversations(config.sft, config.seed)
     losses = run_sft(
         policy,
@@ -119,10 +160,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         config.sft,
         config.seed,
         config.optim.micro_batch_tokens,
+        progress=dp.rank == 0,
         style=config.prompt.style,
+        dp=dp,
     )
-    policy.save(args.output)
-    print(json.dumps({"steps": len(losses), "first_loss": losses[0], "last_loss": losses[-1]}))
+    if config.model.fsdp:
+        from trainer.fsdp import save_pretrained
+
+        save_pretrained(policy, args.output, dp)
+    else:
+        policy.save(args.output)
+    if dp.rank == 0:
+        print(json.dumps({"steps": len(losses), "first_loss": losses[0], "last_loss": losses[-1]}))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -88,25 +89,31 @@ RELEASE_TOOL_SCHEMA: dict[str, object] = {
 PromptStyle = Literal["plain", "release"]
 
 
-def _system_prompt(schema: dict[str, object]) -> str:
-    """The release's system prompt (its chat template's default), with the schema in <tools>."""
+# The release's default system prompt (its chat template's), before the tools.
+PREAMBLE = (
+    "A conversation between User and Assistant. The User asks a question, and the Assistant "
+    "solves it. The Assistant first thinks about the reasoning process in the mind and then "
+    "provides the User with the answer. The reasoning process is enclosed within <reason> "
+    "</reason> and answer is enclosed within <answer> </answer> tags, respectively, i.e., "
+    "<reason> reasoning process here </reason> <answer> answer here </answer>."
+)
+
+
+def _system_prompt(schemas: Sequence[dict[str, object]], preamble: str = PREAMBLE) -> str:
+    """The release's system prompt: the preamble, then the schemas in <tools>, one a line."""
     return (
-        "A conversation between User and Assistant. The User asks a question, and the Assistant "
-        "solves it. The Assistant first thinks about the reasoning process in the mind and then "
-        "provides the User with the answer. The reasoning process is enclosed within <reason> "
-        "</reason> and answer is enclosed within <answer> </answer> tags, respectively, i.e., "
-        "<reason> reasoning process here </reason> <answer> answer here </answer>.\n\n"
-        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-        + json.dumps(schema)
+        preamble + "\n\n# Tools\n\nYou may call one or more functions to assist with the user "
+        "query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n"
+        "<tools>\n"
+        + "\n".join(json.dumps(schema) for schema in schemas)
         + "\n</tools>\n\nFor each function call, return a json object with function name and "
         "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
         '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
     )
 
 
-SYSTEM_PROMPT = _system_prompt(TOOL_SCHEMA)
-RELEASE_SYSTEM_PROMPT = _system_prompt(RELEASE_TOOL_SCHEMA)
+SYSTEM_PROMPT = _system_prompt([TOOL_SCHEMA])
+RELEASE_SYSTEM_PROMPT = _system_prompt([RELEASE_TOOL_SCHEMA])
 
 # The release puts this instruction in front of every problem.
 PROBLEM_PREFIX = (
@@ -161,14 +168,28 @@ def user_prompt(problem: str) -> str:
 
 
 def format_tool_call(code: str, stdin: str = "") -> str:
-    """The text of a well-formed call: what SFT transcripts and scripted policies write.
+    """The text of a well-formed call: what SFT transcripts and scripted policies write."""
+    return format_call(TOOL_NAME, {"code": code, "input": stdin})
 
-    ``</`` is written ``<\\/`` (valid JSON for the same string), so code that mentions
-    ``</tool_call>`` cannot end the call early.
+
+def format_call(name: str, arguments: object, style: PromptStyle = "plain") -> str:
+    """The text of a call of any tool (SFT data calls others than ours).
+
+    ``plain``: ``<tool_call>{json}</tool_call>``, with ``</`` written ``<\\/`` (valid JSON for
+    the same string), so an argument that mentions ``</tool_call>`` cannot end the call early.
+    ``release``: as the release's chat template writes a call, on lines of its own.
     """
-    body = json.dumps({"name": TOOL_NAME, "arguments": {"code": code, "input": stdin}})
-    body = body.replace("</", "<\\/")
+    if style == "release":
+        call = f'{{"name": "{name}", "arguments": {json.dumps(arguments)}}}'
+        return f"\n{CALL_OPEN}\n{call}\n{CALL_CLOSE}"
+    body = json.dumps({"name": name, "arguments": arguments}).replace("</", "<\\/")
     return f"{CALL_OPEN}{body}{CALL_CLOSE}"
+
+
+def tools_system_prompt(schemas: Sequence[dict[str, object]], preamble: str | None = None) -> str:
+    """A system prompt that offers ``schemas`` (OpenAI tool schemas) in ``<tools>``, in the
+    release's (Qwen's) words; ``preamble``: what comes first (the release's by default)."""
+    return _system_prompt(schemas, PREAMBLE if preamble is None else preamble)
 
 
 def parse_tool_calls(text: str) -> list[ParsedCall]:

@@ -30,6 +30,8 @@ def test_the_recipe_config_has_the_reports_numbers() -> None:
     assert stages == [(8192, False), (12288, False), (12288, True)]
     assert config.stages[-1].max_turns == 15 and config.rollout.max_turns == 10
     assert [s.steps for s in config.stages] == [300, 85, 125]
+    sft = config.sft
+    assert (sft.epochs, sft.lr, sft.batch_size) == (3, 5e-6, 128)
     assert config.stages[-1].hard_filter_samples == 8
     assert [(s.reset_optimizer, s.reset_reference) for s in config.stages] == [
         (False, False),
