@@ -8,6 +8,7 @@ and the same samples and takes one GRPO update; rank 0 writes what it saw.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
+import yaml
 
 from trainer.config import ModelConfig, TinyModelConfig
 from trainer.modeling import Policy
@@ -277,3 +279,48 @@ def test_train_shards_checkpoints_and_resumes_on_one_process(tmp_path: Path) -> 
     assert len(lines) == 3
     restored = torch.load(checkpoints(tmp_path)[-1] / "trainer.pt", weights_only=False)
     assert restored["state"]["step"] == 3 and "state" in restored["optimizer"]
+
+
+def sft_worker(rank: int, world: int, port: int, config: str, output: str) -> None:
+    """``python -m trainer.sft`` as one of ``world`` torchrun ranks."""
+    from trainer.sft import main
+
+    torch.set_num_threads(1)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
+    )
+    main(["--config", config, "--output", output])
+    leave_group()
+
+
+def test_sharded_sft_trains_as_one_process_does(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from safetensors.torch import load_file
+
+    from trainer.sft import main
+
+    shape = {"vocab_size": 512, "hidden_size": 32, "intermediate_size": 64, "num_layers": 2}
+    overrides = {
+        "model": {"path": "tiny", "device": "cpu", "precision": "float32", "tiny": shape},
+        "sft": {"toy_transcripts": 16, "steps": 3, "batch_size": 5, "warmup_steps": 1},
+        "optim": {"micro_batch_tokens": 400},  # several micro-batches, uneven between ranks
+    }
+    plain, sharded = tmp_path / "plain.yaml", tmp_path / "sharded.yaml"
+    plain.write_text(yaml.safe_dump(overrides))
+    sharded.write_text(yaml.safe_dump({**overrides, "model": {**overrides["model"], "fsdp": True}}))
+    main(["--config", str(plain), "--output", str(tmp_path / "one")])
+    summary = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] == 3 and summary["last_loss"] < summary["first_loss"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = (2, port, str(sharded), str(tmp_path / "two"))
+    mp.spawn(sft_worker, args=args, nprocs=2, join=True)
+    [line] = [x for x in capfd.readouterr().out.splitlines() if x.startswith("{")]  # rank 0's
+    assert json.loads(line) == pytest.approx(summary, rel=1e-5)  # each token counted once
+    one = load_file(tmp_path / "one" / "model.safetensors")
+    two = load_file(tmp_path / "two" / "model.safetensors")  # also the tied lm_head, gathered
+    assert one.keys() <= two.keys()
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-5)
