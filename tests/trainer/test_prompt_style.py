@@ -13,7 +13,15 @@ from transformers import PreTrainedTokenizerFast
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from trainer.backends.scripted import Script, ScriptedBackend
-from trainer.chat import EOS, IM_END, conversation_segments, decode, prompt_text, tool_turn_text
+from trainer.chat import (
+    EOS,
+    IM_END,
+    assistant_text,
+    conversation_segments,
+    decode,
+    prompt_text,
+    tool_turn_text,
+)
 from trainer.config import load_config
 from trainer.modeling import Policy
 from trainer.problems import Problem
@@ -22,7 +30,9 @@ from trainer.sandbox import SubprocessRunner
 from trainer.step import Scored, sample_and_score
 from trainer.tools import (
     RELEASE_TOOL_SCHEMA,
+    TOOL_NAME,
     TOOL_SCHEMA,
+    format_tool_call,
     system_prompt,
     user_prompt,
 )
@@ -74,6 +84,18 @@ def test_release_tool_turn_is_what_the_release_appends_after_the_model_turn() ->
     rendered = release_template(messages=tools, add_generation_prompt=True)
     assert rendered.startswith(system)
     assert tool_turn_text(["one", "two"], "release") == IM_END + rendered[len(system) :]
+
+
+def test_release_style_writes_calls_as_the_release_template_does() -> None:
+    call = {"name": TOOL_NAME, "arguments": {"code": "print(1)", "input": ""}}
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "Let me run it.", "tool_calls": [call, call]},
+    ]
+    rendered = release_template(messages=messages, tools=[RELEASE_TOOL_SCHEMA])
+    turn = "<|im_start|>assistant\n" + assistant_text(messages[1], "release") + IM_END
+    assert turn in rendered
+    assert assistant_text(messages[1]) == "Let me run it." + format_tool_call("print(1)") * 2
 
 
 def test_plain_style_keeps_our_tool_description_and_bare_turns() -> None:

@@ -14,6 +14,7 @@ from transformers import PreTrainedTokenizerFast
 from trainer.chat import EOS
 from trainer.sft import encode_conversation, main
 from trainer.sft_data import load_sft_rows, to_messages
+from trainer.tools import SYSTEM_PROMPT
 
 from .test_sft import tiny_policy
 
@@ -130,13 +131,15 @@ def test_xlam_calls_without_results_end_at_the_call(tokenizer: PreTrainedTokeniz
 
 
 def test_plain_chat_gets_the_rl_system_prompt_and_a_row_without_answer_is_dropped(
-    tmp_path: Path,
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast
 ) -> None:
     path = tmp_path / "mixed.jsonl"
     unanswered = {"conversations": [{"from": "human", "value": "hello?"}]}
     path.write_text("".join(json.dumps(r) + "\n" for r in (CHAT, unanswered, XLAM)))
     conversations = load_sft_rows(path)
     assert len(conversations) == 2 and conversations[0] == CHAT["messages"]
+    trained, shown = trained_and_shown(tokenizer, conversations[0])
+    assert trained == "Hi!" + EOS and shown.startswith("<|im_start|>system\n" + SYSTEM_PROMPT)
     with pytest.raises(ValueError, match="row 0: unknown SFT row shape"):
         (tmp_path / "bad.jsonl").write_text('{"text": "x"}\n')
         load_sft_rows(tmp_path / "bad.jsonl")
