@@ -61,7 +61,7 @@ def test_mean_reward_rises_over_grpo_steps(monkeypatch: pytest.MonkeyPatch) -> N
     settings = RolloutSettings(max_turns=1, max_response_tokens=6)
     # The prompt is the problem's words alone: this vocabulary has no chat markers.
     monkeypatch.setattr(
-        "trainer.step.prompt_ids", lambda policy, problem: tokenizer.encode(problem.problem)
+        "trainer.step.prompt_ids", lambda policy, problem, style: tokenizer.encode(problem.problem)
     )
     rng = random.Random(0)
 
