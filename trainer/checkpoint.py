@@ -4,8 +4,9 @@ A checkpoint is a directory ``step_000012/`` under ``OUTPUT/checkpoints/`` holdi
 and tokenizer (``model/``, ``save_pretrained``: a path the trainer and transformers can load),
 and ``trainer.pt`` with the optimizer and schedule, the training state (step, stage, data
 position, stage-3 problem set) and every random generator the run draws from (torch, CUDA, the
-trainer's own). It is written to a temporary name and renamed, so a crash mid-write leaves the
-previous checkpoint as the latest.
+trainer's own); with a KL term, also the reference policy (``reference/``): the starting
+policy or, after a stage change that resets it, the policy at that change. It is written to a
+temporary name and renamed, so a crash mid-write leaves the previous checkpoint as the latest.
 
 A sharded (FSDP) run gathers the model and optimizer state to rank 0 first (``fsdp.py``) and
 passes them in; rank 0 alone writes, and on resume every rank scatters the optimizer state back
@@ -52,9 +53,11 @@ def save_checkpoint(
     keep: int,
     model_state: dict[str, Any] | None = None,
     optimizer_state: dict[str, Any] | None = None,
+    reference: Policy | None = None,
 ) -> Path:
     """Write a checkpoint; ``model_state`` / ``optimizer_state``: gathered full states that
-    replace the module's and the optimizer's own (a sharded run's)."""
+    replace the module's and the optimizer's own (a sharded run's); ``reference``: the
+    reference policy, when the run has one."""
     root = checkpoint_root(output)
     final = root / f"{PREFIX}{state.step:06d}"
     partial = root / f".partial-{final.name}"
@@ -65,6 +68,8 @@ def save_checkpoint(
     else:
         policy.model.save_pretrained(partial / "model", state_dict=model_state)
         policy.tokenizer.save_pretrained(partial / "model")
+    if reference is not None:
+        reference.save(partial / "reference")
     torch.save(
         {
             "optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state,

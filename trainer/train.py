@@ -155,6 +155,9 @@ class Trainer:
             )
         self.problems = problems_of(config.data.train)
         self.reference: Policy | None = None
+        if checkpoint is not None and (checkpoint / "reference").is_dir():
+            self.reference = load_policy(config.model, checkpoint / "reference")
+            self.reference.model.requires_grad_(False)
 
     def save(self) -> Path | None:
         states: dict[str, Any] = {}
@@ -174,6 +177,7 @@ class Trainer:
                 self.rng,
                 self.config.checkpoint.keep,
                 **states,
+                reference=None if self.config.model.fsdp else self.reference,
             )
         if self.dp.distributed:
             torch.distributed.barrier()

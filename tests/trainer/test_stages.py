@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from trainer.backends.scripted import Script, ScriptedBackend
 from trainer.config import TrainConfig, load_config
@@ -44,7 +45,7 @@ def micro(reset: bool) -> TrainConfig:
                 {"name": "a", "steps": 2},
                 {"name": "b", "steps": 2, "reset_optimizer": reset, "reset_reference": reset},
             ],
-            "checkpoint": {"every": 2, "keep": 5},
+            "checkpoint": {"every": 1, "keep": 5},
             "logging.progress": False,
         },
     )
@@ -121,3 +122,17 @@ def test_a_run_resumed_at_the_stage_change_resets_once(tmp_path: Path) -> None:
     assert line["stage"] == "b" and line["step"] == 3
     assert adam_steps(resumed) == {1.0}
     assert resumed.reference is not None
+
+
+def test_the_reference_set_at_the_stage_change_survives_a_resume(tmp_path: Path) -> None:
+    config = micro(reset=True)
+    first = scripted_trainer(config, tmp_path)
+    run(first, 3)  # stage a, the change, one step of stage b: checkpoint 3
+    assert first.reference is not None
+    at_change = load_file(tmp_path / "checkpoints" / "step_000002" / "model" / "model.safetensors")
+    resumed = scripted_trainer(config, tmp_path)
+    assert resumed.state.step == 3 and resumed.reference is not None
+    reference = dict(resumed.reference.model.named_parameters())
+    assert all(torch.equal(reference[k], v) for k, v in at_change.items() if k in reference)
+    assert torch.equal(weights(resumed.reference), weights(first.reference))
+    assert not torch.equal(weights(resumed.reference), weights(resumed.policy))
