@@ -5,10 +5,11 @@ data. Such data comes as rows of one of these shapes (``sft.format``, or ``auto`
 of each row):
 
 - ``messages`` (OpenAI chat format, and ours): ``{"messages": [...], "tools": [...]}``. Roles
-  ``system``, ``user``, ``assistant``, ``tool`` (and the legacy ``function``); an assistant
-  message may carry ``tool_calls`` (``[{"function": {"name", "arguments"}}]``, arguments a JSON
-  string or an object) or a legacy ``function_call``; content may be a string, null, or a list
-  of ``{"type": "text", "text"}`` parts. ``tools`` (or legacy ``functions``) are the schemas.
+  ``system`` (or ``developer``), ``user``, ``assistant``, ``tool`` (or legacy ``function``);
+  an assistant message may carry ``tool_calls`` (``[{"function": {"name", "arguments"}}]``,
+  arguments a JSON string or an object) or a legacy ``function_call``; content may be a
+  string, null, or a list of ``{"type": "text", "text"}`` parts. ``tools`` (or legacy
+  ``functions``) are the schemas.
 - ``sharegpt``: ``{"conversations": [{"from", "value"}], "system": ..., "tools": ...}``, with
   ``from`` one of ``system``, ``human``/``user``, ``gpt``/``assistant``, ``function_call`` (the
   value a JSON call or list of calls), ``observation``/``tool`` (a tool's result): the format
@@ -38,6 +39,7 @@ from trainer.tools import tools_system_prompt
 SftFormat = Literal["auto", "messages", "sharegpt", "xlam"]
 Message = dict[str, Any]
 
+OPENAI_ROLES = {"function": "tool", "developer": "system"}  # legacy and newer names
 SHAREGPT_ROLES = {
     "system": "system",
     "human": "user",
@@ -80,9 +82,7 @@ def to_messages(row: dict[str, Any], fmt: SftFormat = "auto") -> list[Message]:
     """One row as a conversation (empty when it has no assistant turn)."""
     fmt = detect_format(row) if fmt == "auto" else fmt
     if fmt == "messages":
-        tools = row.get("tools") or [
-            {"type": "function", "function": f} for f in _json(row.get("functions")) or ()
-        ]
+        tools = row.get("tools") or row.get("functions")  # legacy: bare function schemas
         messages = [_openai_message(m) for m in row["messages"]]
     elif fmt == "sharegpt":
         tools = row.get("tools")
@@ -124,7 +124,7 @@ def _calls(value: Any) -> list[dict[str, Any]]:
 
 
 def _openai_message(message: dict[str, Any]) -> Message:
-    role = "tool" if message["role"] == "function" else message["role"]
+    role = OPENAI_ROLES.get(message["role"], message["role"])
     out: Message = {"role": role, "content": _text(message.get("content"))}
     calls = message.get("tool_calls") or []
     if message.get("function_call"):

@@ -110,6 +110,28 @@ def test_openai_messages_with_parallel_tool_calls(tokenizer: PreTrainedTokenizer
     assert "get_weather" in shown  # the tool offered in the system prompt
 
 
+def test_legacy_openai_functions_and_function_call() -> None:
+    legacy = {
+        "functions": [WEATHER["function"]],
+        "messages": [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": "Oslo?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "function_call": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+            },
+            {"role": "function", "name": "get_weather", "content": "4C"},
+            {"role": "assistant", "content": "Cold."},
+        ],
+    }
+    messages = to_messages(legacy)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert messages[2]["tool_calls"] == [{"name": "get_weather", "arguments": {"city": "Oslo"}}]
+    assert messages[0]["content"].startswith("Be brief.\n\n# Tools")
+    assert json.dumps(WEATHER) in messages[0]["content"]  # the bare function schema, wrapped
+
+
 def test_sharegpt_function_call_and_observation(tokenizer: PreTrainedTokenizerFast) -> None:
     messages = to_messages(SHAREGPT)
     # The trailing human turn has no answer to learn: dropped.
