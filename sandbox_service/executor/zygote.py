@@ -21,7 +21,6 @@ import gc
 import json
 import math
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -30,8 +29,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandbox_service.executor import ipc, protocol, runner, seccomp_filter, supervise, wipe
 from sandbox_service.executor import isolation as iso
-from sandbox_service.executor import protocol, runner, seccomp_filter, supervise
+from sandbox_service.executor.reset import Reset, Scratch
 
 MIB = 1024 * 1024
 SETUP_FAILED = 125
@@ -47,7 +47,7 @@ class ZygoteConfig:
     slot: int
     uid: int | None = None
     gid: int | None = None
-    layers: list[str] = field(default_factory=lambda: ["net", "mount", "uid", "seccomp"])
+    layers: list[str] = field(default_factory=lambda: ["net", "ipc", "mount", "uid", "seccomp"])
     preload: list[str] = field(default_factory=list)
     warmup: str = ""
     work_root: str = "/tmp/sandbox-service"
@@ -64,12 +64,14 @@ class Confinement:
     """The layers that turned out to be available, and what a child needs to apply them."""
 
     net: bool = False
+    ipc: bool = False
     mount: bool = False
     uid: bool = False
     seccomp: bool = False
     notes: dict[str, str] = field(default_factory=dict)
     filter: seccomp_filter.Program | None = None
     scratch_keep: dict[str, frozenset[str]] = field(default_factory=dict)
+    mq_fd: int | None = None  # the IPC namespace's POSIX queues, to remove them after each run
     base_address_space: int = 0
     # Without a uid of its own, RLIMIT_NPROC counts every process of the service's user: the
     # limit is what that user had at start plus headroom, enough to stop a fork bomb from
@@ -79,6 +81,7 @@ class Confinement:
     def report(self) -> dict[str, bool | str]:
         layers: dict[str, bool | str] = {
             "net": self.net,
+            "ipc": self.ipc,
             "mount": self.mount,
             "uid": self.uid,
             "seccomp": self.seccomp,
@@ -170,23 +173,6 @@ def scratch_dirs(cfg: ZygoteConfig) -> list[tuple[str, int]]:
     return [("/tmp", cfg.tmpfs_mb), ("/dev/shm", min(SHM_MB, cfg.tmpfs_mb))]
 
 
-def empty_directory(path: str, keep: frozenset[str] = frozenset()) -> bool:
-    """Remove everything inside ``path`` but the entries named in ``keep`` (those holding
-    the interpreter's files); True if nothing else is left."""
-    with os.scandir(path) as entries:
-        for entry in entries:
-            if entry.name in keep:
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                try:
-                    os.unlink(entry.path)
-                except OSError:
-                    pass
-    return set(os.listdir(path)) <= keep
-
-
 def enter_mount_namespace(cfg: ZygoteConfig, conf: Confinement) -> None:
     """A mount namespace of the zygote's own: the host read-only, /proc private, the hidden
     paths covered, a private tmpfs on each scratch directory."""
@@ -207,6 +193,12 @@ def enter_mount_namespace(cfg: ZygoteConfig, conf: Confinement) -> None:
         conf.scratch_keep[path] = frozenset(os.path.relpath(k, path).split("/")[0] for k in kept)
 
 
+def enter_ipc_namespace(cfg: ZygoteConfig, conf: Confinement) -> None:
+    """SysV IPC and POSIX queues of the zygote's own, emptied after every execution; shared
+    memory capped at the private /dev/shm's size (a new namespace's default is unlimited)."""
+    conf.mq_fd = ipc.enter_namespace(shm_mb=min(SHM_MB, cfg.tmpfs_mb))
+
+
 def confine_zygote(cfg: ZygoteConfig) -> Confinement:
     """Enter this zygote's own namespaces and find out which layers children can apply."""
     conf = Confinement()
@@ -214,8 +206,12 @@ def confine_zygote(cfg: ZygoteConfig) -> Confinement:
     wanted = set(cfg.layers)
     if "net" in wanted:
         conf.net = _try(conf, "net", lambda: iso.unshare(iso.CLONE_NEWNET))
+    if "ipc" in wanted:
+        conf.ipc = _try(conf, "ipc", lambda: enter_ipc_namespace(cfg, conf))
     if "mount" in wanted:
         conf.mount = _try(conf, "mount", lambda: enter_mount_namespace(cfg, conf))
+    if conf.ipc and conf.mount:
+        _try(conf, "ipc_dev_mqueue", ipc.cover_dev_mqueue)
     if "uid" in wanted:
         if not root or cfg.uid is None:
             conf.notes["uid"] = "not running as root: code runs as the service's own user"
@@ -332,6 +328,13 @@ class Zygote:
         self.pid = os.getpid()
         self.runs = 0
         self.dirty = False
+        self.reset = Reset(
+            scratch=[Scratch(path, conf.scratch_keep.get(path, frozenset()), SCRATCH_MODE)
+                     for path, _ in scratch_dirs(cfg)] if conf.mount else [],
+            ipc=conf.ipc,
+            mq_fd=conf.mq_fd,
+        )  # fmt: skip
+        self.unclean: str | None = None  # why the last reset failed: the zygote is recycled
 
     def _workdir(self) -> str:
         if self.conf.mount:
@@ -346,14 +349,11 @@ class Zygote:
 
     def _reset_workdir(self, workdir: str) -> None:
         """Leave nothing of this execution for the next one; a slot that cannot is recycled."""
-        if not self.conf.mount:
-            shutil.rmtree(workdir, ignore_errors=True)
-            self.dirty = self.dirty or os.path.exists(workdir)
-            return
-        for path, _ in scratch_dirs(self.cfg):
-            if not empty_directory(path, self.conf.scratch_keep.get(path, frozenset())):
-                self.dirty = True
-            os.chmod(path, SCRATCH_MODE)
+        run_dir = () if self.conf.mount else (Scratch(workdir, remove=True),)
+        why = self.reset.run(run_dir)
+        if why is not None:
+            self.unclean = why
+            self.dirty = True
 
     def _fork(self, req: dict[str, Any], pipes: supervise.Pipes, workdir: str) -> int:
         pid = os.fork()
@@ -441,6 +441,8 @@ def serve(sock: socket.socket, zygote: Zygote) -> None:
             zygote.dirty = True  # whatever broke may break the next run too: start afresh
         if zygote.dirty:
             result["recycle"] = True
+            why = zygote.unclean or result.get("message") or "could not clean up"
+            print(f"zygote of slot {zygote.cfg.slot}: recycled: {why}", file=sys.stderr)
         protocol.send(sock, result)
         if zygote.dirty:
             return  # go-judge's rule: never reuse an environment that failed to reset
@@ -462,7 +464,8 @@ def main(argv: list[str]) -> None:
         # A predecessor killed mid-run (SIGKILL, OOM) left its run directory behind, and ours
         # start from run-0 again: the slot's directory is ours alone, so empty it first.
         own = slot_dir(cfg)
-        shutil.rmtree(own, ignore_errors=True)
+        with contextlib.suppress(OSError, wipe.WipeIncomplete):  # what stays is not reused
+            wipe.remove_tree(own)
         make_work_root(cfg.work_root)
         os.makedirs(own, mode=0o711, exist_ok=True)
     os.environ.clear()
