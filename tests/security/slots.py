@@ -9,10 +9,14 @@ answered a clean report, and fails naming the zygote that did not.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
+from typing import Any
 
-from sandbox_service.client import SandboxClient
+from sandbox_service.client import Retry, SandboxClient
+from sandbox_service.launch import start
 from sandbox_service.models import ExecuteResult, Status
 
 # What a clean zygote shows a new execution: empty scratch directories (but the
@@ -90,3 +94,15 @@ def _stdlib(client: SandboxClient) -> str:
     r = client.execute("import os; print(os.path.dirname(os.__file__))")
     assert r.status is Status.ok, r
     return r.stdout.strip()
+
+
+@contextlib.contextmanager
+def attacked_service(log_dir: str, **settings: Any) -> Iterator[tuple[SandboxClient, str]]:
+    """A service of two slots (full and light zygotes each) for one module of attacks: a
+    client of it that retries nothing the service answers, and its URL."""
+    svc = start(f"{log_dir}/service.log", slots=2, max_timeout_s=60, **settings)
+    try:
+        with SandboxClient(svc.url, retry=Retry(attempts=2), concurrency=4) as client:
+            yield client, svc.url
+    finally:
+        svc.stop()

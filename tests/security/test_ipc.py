@@ -15,10 +15,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandbox_service.client import Retry, SandboxClient
-from sandbox_service.launch import ServiceProcess, start
+from sandbox_service.client import SandboxClient
 from sandbox_service.models import Status
-from tests.security.slots import FULL_PREFIX, LIGHT_PREFIX, every_zygote_is_clean
+from tests.security.slots import FULL_PREFIX, LIGHT_PREFIX, attacked_service, every_zygote_is_clean
 
 IPC = """
 import ctypes, os
@@ -88,15 +87,8 @@ HOST_KEY = 0x21AC
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    svc = start(str(tmp_path_factory.mktemp("ipc") / "service.log"), slots=2, max_timeout_s=30)
-    yield svc
-    svc.stop()
-
-
-@pytest.fixture(scope="module")
-def client(service: ServiceProcess) -> Iterator[SandboxClient]:
-    with SandboxClient(service.url, retry=Retry(attempts=2), concurrency=4) as c:
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxClient]:
+    with attacked_service(str(tmp_path_factory.mktemp("ipc"))) as (c, _):
         if os.geteuid() != 0:
             pytest.skip("an IPC namespace per slot needs root")
         yield c

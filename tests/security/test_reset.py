@@ -11,10 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandbox_service.client import Retry, SandboxClient
-from sandbox_service.launch import ServiceProcess, start
+from sandbox_service.client import SandboxClient
 from sandbox_service.models import Status
-from tests.security.slots import every_zygote_is_clean
+from tests.security.slots import attacked_service, every_zygote_is_clean
 
 DEEP = """
 import os
@@ -99,16 +98,8 @@ KINDS = {"full": "import numpy\n", "light": ""}
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    svc = start(str(tmp_path_factory.mktemp("reset") / "service.log"), slots=2,
-                max_timeout_s=60, tmpfs_mb=32)  # fmt: skip
-    yield svc
-    svc.stop()
-
-
-@pytest.fixture(scope="module")
-def client(service: ServiceProcess) -> Iterator[SandboxClient]:
-    with SandboxClient(service.url, retry=Retry(attempts=2), concurrency=1) as c:
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxClient]:
+    with attacked_service(str(tmp_path_factory.mktemp("reset")), tmpfs_mb=32) as (c, _):
         if c.status().isolation.get("mount") is not True:
             pytest.skip("no private /tmp (mount layer inactive)")
         yield c
