@@ -86,10 +86,14 @@ def _read_into(fd: int, capture: Capture) -> bool:
     return bool(chunk)
 
 
-def watch(pidfd: int, streams: dict[int, Capture], timeout_s: float, start: float) -> Watch:
-    """Wait until the child exits, runs out of time, or overflows an output cap."""
+def watch(pidfd: int, streams: dict[int, Capture], timeout_s: float, start: float,
+          alarm: int | None = None) -> Watch:  # fmt: skip
+    """Wait until the child exits, runs out of time, or overflows an output cap, or until
+    ``alarm`` (the memory cgroup's OOM eventfd) is readable: the tree went over its limit."""
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
+    if alarm is not None:
+        poller.register(alarm, select.POLLIN)
     for fd in streams:
         poller.register(fd, select.POLLIN)
     deadline = start + timeout_s
@@ -102,10 +106,14 @@ def watch(pidfd: int, streams: dict[int, Capture], timeout_s: float, start: floa
         for fd, _ in poller.poll(remaining * 1000 + 1):
             if fd == pidfd:
                 seen.exited = True
+            elif fd == alarm:
+                seen.reason = "memory"
             elif not _read_into(fd, streams[fd]):
                 poller.unregister(fd)
         if any(c.truncated for c in streams.values()):
             seen.reason = "output"
+            break
+        if seen.reason == "memory":
             break
     seen.end = time.monotonic()
     return seen

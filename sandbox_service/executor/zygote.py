@@ -29,8 +29,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox_service.executor import ipc, protocol, runner, seccomp_filter, supervise, wipe
+from sandbox_service.executor import ipc, memory, protocol, runner, seccomp_filter, supervise, wipe
 from sandbox_service.executor import isolation as iso
+from sandbox_service.executor.memory import SlotCgroup
 from sandbox_service.executor.reset import Reset, Scratch
 
 MIB = 1024 * 1024
@@ -68,10 +69,12 @@ class Confinement:
     mount: bool = False
     uid: bool = False
     seccomp: bool = False
+    memory: bool = False
     notes: dict[str, str] = field(default_factory=dict)
     filter: seccomp_filter.Program | None = None
     scratch_keep: dict[str, frozenset[str]] = field(default_factory=dict)
     mq_fd: int | None = None  # the IPC namespace's POSIX queues, to remove them after each run
+    cgroup: SlotCgroup | None = None  # the zygote's own, holding every execution's tree
     base_address_space: int = 0
     # Without a uid of its own, RLIMIT_NPROC counts every process of the service's user: the
     # limit is what that user had at start plus headroom, enough to stop a fork bomb from
@@ -85,6 +88,7 @@ class Confinement:
             "mount": self.mount,
             "uid": self.uid,
             "seccomp": self.seccomp,
+            "memory": self.memory,
             "rlimits": True,
         }
         layers.update({f"{name}_note": note for name, note in self.notes.items()})
@@ -199,6 +203,13 @@ def enter_ipc_namespace(cfg: ZygoteConfig, conf: Confinement) -> None:
     conf.mq_fd = ipc.enter_namespace(shm_mb=min(SHM_MB, cfg.tmpfs_mb))
 
 
+def enter_memory_cgroup(cfg: ZygoteConfig, conf: Confinement) -> None:
+    """A memory cgroup of the zygote's own, so that a limit holds per execution tree."""
+    if os.geteuid() != 0:
+        raise PermissionError("not running as root: the limit is per process (RLIMIT_AS)")
+    conf.cgroup = memory.SlotCgroup(memory.cgroup_name(cfg.slot, cfg.uid))
+
+
 def confine_zygote(cfg: ZygoteConfig) -> Confinement:
     """Enter this zygote's own namespaces and find out which layers children can apply."""
     conf = Confinement()
@@ -206,6 +217,8 @@ def confine_zygote(cfg: ZygoteConfig) -> Confinement:
     wanted = set(cfg.layers)
     if "net" in wanted:
         conf.net = _try(conf, "net", lambda: iso.unshare(iso.CLONE_NEWNET))
+    if "memory" in wanted:  # before the mount layer makes /sys read-only
+        conf.memory = _try(conf, "memory", lambda: enter_memory_cgroup(cfg, conf))
     if "ipc" in wanted:
         conf.ipc = _try(conf, "ipc", lambda: enter_ipc_namespace(cfg, conf))
     if "mount" in wanted:
@@ -284,6 +297,8 @@ def child(req: dict[str, Any], cfg: ZygoteConfig, conf: Confinement, pipes: supe
         open_files=cfg.max_open_files,
         processes=cfg.max_processes if conf.uid else conf.shared_process_limit,
     )
+    if conf.cgroup is not None:
+        memory.make_killable()
     if conf.uid:
         iso.drop_to(uid, gid)
     iso.die_with_parent()  # after the uid change, which clears it
@@ -393,6 +408,8 @@ class Zygote:
         timeout_s = float(req["timeout_s"])
         workdir = self._workdir()
         pipes = supervise.Pipes.open(req.get("stdin", "").encode())
+        if self.conf.cgroup is not None:
+            self.conf.cgroup.begin(int(req["memory_mb"]))
         start = time.monotonic()
         pid = self._fork(req, pipes, workdir)
         pipes.close_child_ends()
@@ -400,8 +417,10 @@ class Zygote:
         cap = self.cfg.max_output_bytes
         streams = {pipes.out_r: supervise.Capture(cap), pipes.err_r: supervise.Capture(cap)}
         try:
-            seen = supervise.watch(pidfd, streams, timeout_s, start)
+            alarm = self.conf.cgroup.oom_alarm if self.conf.cgroup is not None else None
+            seen = supervise.watch(pidfd, streams, timeout_s, start, alarm)
             status, usage = self._clean_up(pid)
+            tree = self.conf.cgroup.end() if self.conf.cgroup is not None else None
             supervise.drain(streams)
             os.set_blocking(pipes.st_r, False)
             try:
@@ -414,7 +433,7 @@ class Zygote:
             self._reset_workdir(workdir)
         out, err = streams[pipes.out_r], streams[pipes.err_r]
         verdict_, code, sig, message = supervise.verdict(status, seen, [out, err], note, timeout_s)
-        return {
+        result = {
             "status": verdict_,
             "exit_code": code,
             "signal": sig,
@@ -427,6 +446,7 @@ class Zygote:
             "peak_memory_mb": round(usage.ru_maxrss / 1024, 3),
             "message": message,
         }
+        return memory.judged(result, tree, int(req["memory_mb"]))
 
 
 def serve(sock: socket.socket, zygote: Zygote) -> None:
@@ -487,6 +507,7 @@ def main(argv: list[str]) -> None:
             "rss_mb": round(mem.get("VmRSS", 0) / MIB, 1),
             "address_space_mb": round(conf.base_address_space / MIB, 1),
             "huge_pages_mb": huge_mb,
+            "cgroup": conf.cgroup.path if conf.cgroup is not None else None,
         },
     )
     serve(sock, Zygote(cfg, conf))
