@@ -97,7 +97,7 @@ class SlotCgroup:
             with open(os.path.join(self.path, "cgroup.event_control"), "w") as f:
                 f.write(f"{self.oom_alarm} {self._events}")
         with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
+            f.write("0")  # this process (its pid here may be 1, in a namespace of its own)
         try:  # lowering needs CAP_SYS_RESOURCE; children raise theirs to 1000 anyway
             with open("/proc/self/oom_score_adj", "wb") as f:
                 f.write(OOM_PROTECTED)

@@ -29,7 +29,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox_service.executor import ipc, memory, protocol, runner, seccomp_filter, supervise, wipe
+from sandbox_service.executor import (
+    ipc,
+    memory,
+    pidns,
+    protocol,
+    runner,
+    seccomp_filter,
+    supervise,
+    wipe,
+)
 from sandbox_service.executor import isolation as iso
 from sandbox_service.executor.memory import SlotCgroup
 from sandbox_service.executor.reset import Reset, Scratch
@@ -48,7 +57,9 @@ class ZygoteConfig:
     slot: int
     uid: int | None = None
     gid: int | None = None
-    layers: list[str] = field(default_factory=lambda: ["net", "ipc", "mount", "uid", "seccomp"])
+    layers: list[str] = field(
+        default_factory=lambda: ["net", "ipc", "pid", "mount", "uid", "seccomp", "memory"]
+    )
     preload: list[str] = field(default_factory=list)
     warmup: str = ""
     work_root: str = "/tmp/sandbox-service"
@@ -66,6 +77,7 @@ class Confinement:
 
     net: bool = False
     ipc: bool = False
+    pid: bool = False
     mount: bool = False
     uid: bool = False
     seccomp: bool = False
@@ -85,6 +97,7 @@ class Confinement:
         layers: dict[str, bool | str] = {
             "net": self.net,
             "ipc": self.ipc,
+            "pid": self.pid,
             "mount": self.mount,
             "uid": self.uid,
             "seccomp": self.seccomp,
@@ -208,6 +221,20 @@ def enter_memory_cgroup(cfg: ZygoteConfig, conf: Confinement) -> None:
     if os.geteuid() != 0:
         raise PermissionError("not running as root: the limit is per process (RLIMIT_AS)")
     conf.cgroup = memory.SlotCgroup(memory.cgroup_name(cfg.slot, cfg.uid))
+
+
+def enter_pid_namespace(cfg: ZygoteConfig, sock: socket.socket) -> str | None:
+    """Go on as pid 1 of a pid namespace of the zygote's own (``executor.pidns``); None if
+    done or not asked for, else why not."""
+    if "pid" not in cfg.layers:
+        return None
+    if os.geteuid() != 0:
+        return "not running as root: pids of the host's processes answer probes"
+    try:
+        pidns.enter(sock.fileno())
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def confine_zygote(cfg: ZygoteConfig) -> Confinement:
@@ -341,6 +368,8 @@ class Zygote:
         self.cfg = cfg
         self.conf = conf
         self.pid = os.getpid()
+        # In a pid namespace every zygote is pid 1: a random tag names its run directories.
+        self.run_tag = os.urandom(4).hex() if pidns.inside() else str(self.pid)
         self.runs = 0
         self.dirty = False
         self.reset = Reset(
@@ -355,7 +384,7 @@ class Zygote:
         if self.conf.mount:
             return "/tmp"
         # The zygote's pid in the name: what a predecessor could not remove never collides.
-        name = f"run-{self.pid}-{self.runs}"
+        name = f"run-{self.run_tag}-{self.runs}"
         path = os.path.join(slot_dir(self.cfg), name)
         os.makedirs(path, mode=0o700)
         if self.conf.uid and self.cfg.uid is not None:
@@ -478,7 +507,13 @@ def main(argv: list[str]) -> None:
     iso.set_dumpable(False)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the service, which stops us
+    pid_note = enter_pid_namespace(cfg, sock)
     conf = confine_zygote(cfg)
+    conf.pid = pidns.inside()
+    if conf.pid and not conf.mount:
+        pidns.own_proc()  # never the host's /proc seen from the zygote's namespace
+    if pid_note:
+        conf.notes["pid"] = pid_note
     failed = preload(cfg.preload, cfg.warmup)
     if not conf.mount:
         # A predecessor killed mid-run (SIGKILL, OOM) left its run directory behind, and ours
