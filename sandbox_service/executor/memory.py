@@ -38,7 +38,8 @@ class MemoryOutcome:
     """What the cgroup saw of one execution."""
 
     peak_mb: float
-    oom_killed: bool
+    oom_killed: bool  # the tree went over: the kernel killed a process, or the sampler all
+    how: str = "the kernel killed one"
 
 
 def memory_cgroup() -> tuple[int, str]:
@@ -150,6 +151,59 @@ class SlotCgroup:
         return MemoryOutcome(round(max(peak, 0) / MIB, 3), self._oom_kills() > self._oom_before)
 
 
+class TreeSampler:
+    """Where there is no cgroup: the parent sums the private memory (USS: pages no other
+    process maps) of every process of the tree, every ``supervise.SAMPLE_S``, and ends the run
+    when it is over the limit. Approximate: growth between two samples goes unseen until the
+    next, and pages shared only among the execution's own processes are not counted."""
+
+    def __init__(self, memory_mb: int) -> None:
+        self.limit = memory_mb * MIB
+        self.peak = 0
+        self.over_limit = False
+
+    def over(self) -> bool:
+        total = sum(_private_bytes(pid) for pid in _descendants(os.getpid()))
+        self.peak = max(self.peak, total)
+        self.over_limit = total > self.limit
+        return self.over_limit
+
+    def outcome(self) -> MemoryOutcome | None:
+        """None when no sample was taken (the run was shorter than one interval)."""
+        if not self.peak:
+            return None
+        how = "seen by sampling; all killed"
+        return MemoryOutcome(round(self.peak / MIB, 3), self.over_limit, how)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (orphans come back to the zygote, a subreaper)."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            with open(f"/proc/{parent}/task/{parent}/children") as f:
+                kids = [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+        found += kids
+        todo += kids
+    return found
+
+
+def _private_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:  # gone meanwhile
+        return 0
+    total = 0
+    for line in lines:
+        if line.startswith((b"Private_Clean:", b"Private_Dirty:", b"Private_Hugetlb:")):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
 def judged(result: dict[str, Any], tree: MemoryOutcome | None, memory_mb: int) -> dict[str, Any]:
     """``result`` with the tree's peak and, if the kernel killed a process of it for the
     limit, the status ``memory_limit`` (unless a limit the parent enforces ended it first)."""
@@ -160,7 +214,7 @@ def judged(result: dict[str, Any], tree: MemoryOutcome | None, memory_mb: int) -
         result["status"] = "memory_limit"
         result["message"] = (
             f"memory limit of {memory_mb} MiB exceeded by the execution's processes together "
-            "(the kernel killed one)"
+            f"({tree.how})"
         )
     return result
 

@@ -446,10 +446,13 @@ class Zygote:
         cap = self.cfg.max_output_bytes
         streams = {pipes.out_r: supervise.Capture(cap), pipes.err_r: supervise.Capture(cap)}
         try:
-            alarm = self.conf.cgroup.oom_alarm if self.conf.cgroup is not None else None
-            seen = supervise.watch(pidfd, streams, timeout_s, start, alarm)
+            cgroup = self.conf.cgroup
+            sampler = memory.TreeSampler(int(req["memory_mb"])) if cgroup is None else None
+            alarm = cgroup.oom_alarm if cgroup is not None else None
+            over = sampler.over if sampler is not None else None
+            seen = supervise.watch(pidfd, streams, timeout_s, start, alarm, over)
             status, usage = self._clean_up(pid)
-            tree = self.conf.cgroup.end() if self.conf.cgroup is not None else None
+            tree = cgroup.end() if cgroup is not None else sampler.outcome() if sampler else None
             supervise.drain(streams)
             os.set_blocking(pipes.st_r, False)
             try:
