@@ -12,6 +12,7 @@ import base64
 import binascii
 import enum
 import posixpath
+from collections.abc import Iterable
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
@@ -83,6 +84,36 @@ def check_relative_path(path: str) -> str:
     return norm
 
 
+def files_conflict(paths: Iterable[str]) -> str | None:
+    """Why ``files`` keys cannot all be written (two name the same file, or one is a file where
+    another needs a directory: ``a`` and ``a/b``), or None. The caller's fault: a 422."""
+    seen: dict[str, str] = {}
+    for path in paths:
+        norm = check_relative_path(path)
+        if norm in seen:
+            return f"file paths {seen[norm]!r} and {path!r} name the same file"
+        seen[norm] = path
+    for norm, path in seen.items():
+        parts = norm.split("/")
+        for i in range(1, len(parts)):
+            directory = "/".join(parts[:i])
+            if directory in seen:
+                return (f"file path {seen[directory]!r} is a file, but {path!r} needs it to be "
+                        "a directory")  # fmt: skip
+    return None
+
+
+def merge_files(earlier: dict[str, str], later: dict[str, str]) -> dict[str, str]:
+    """``later`` written over ``earlier`` (a session's files, then a cell's): an earlier file
+    in the way of a later one, or under a later file's name, is dropped, as writing the later
+    tree over the earlier one would do."""
+    merged = dict(later)
+    for path, data in earlier.items():
+        if files_conflict([*later, path]) is None:
+            merged[path] = data
+    return merged
+
+
 class ExecuteRequest(BaseModel):
     """One program to run. Server maxima (timeout, memory, code size) are checked by the API."""
 
@@ -140,6 +171,9 @@ class ExecuteRequest(BaseModel):
                 base64.b64decode(data, validate=True)
             except (binascii.Error, ValueError) as exc:
                 raise ValueError(f"file {path!r}: content is not valid base64 ({exc})") from None
+        why = files_conflict(value)
+        if why is not None:
+            raise ValueError(why)
         return value
 
     def decoded_files(self) -> dict[str, bytes]:

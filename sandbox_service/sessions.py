@@ -40,7 +40,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sandbox_service.api.errors import RequestRejected
-from sandbox_service.models import ErrorDetail, ExecuteRequest, ExecuteResult, Mode, Status
+from sandbox_service.models import (
+    ErrorDetail,
+    ExecuteRequest,
+    ExecuteResult,
+    Mode,
+    Status,
+    merge_files,
+)
 from sandbox_service.programs import Cell, new_nonce, parse, program
 from sandbox_service.queue.base import Queue, QueueFull, scoped
 from sandbox_service.settings import Settings
@@ -194,7 +201,7 @@ class Sessions:
         code = program(
             [Cell(request.code, request.mode.value)], nonce, replay=session.cells, seed=session.seed
         )
-        files = {**session.files, **request.files}
+        files = merge_files(session.files, request.files)
         wrapped = request.model_copy(update={"code": code, "mode": Mode.script, "files": files})
         try:
             [result] = await queue.submit([wrapped], tenant)
@@ -213,7 +220,7 @@ class Sessions:
             return result.model_copy(update=update)
         if result.status is Status.ok and (request.id is None or request.id not in session.applied):
             session.cells.append(Cell(request.code, request.mode.value, request.stdin))
-            session.files.update(request.files)
+            session.files = merge_files(session.files, request.files)
             if request.id is not None:
                 session.applied.add(request.id)
         session.used_at = time.monotonic()

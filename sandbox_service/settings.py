@@ -31,7 +31,7 @@ DEFAULT_PRELOAD = [
     "json",
 ]
 
-ISOLATION_LAYERS = ("net", "mount", "uid", "seccomp", "rlimits")
+ISOLATION_LAYERS = ("net", "ipc", "pid", "mount", "uid", "seccomp", "memory", "rlimits")
 
 CommaList = Annotated[list[str], NoDecode]
 

@@ -20,7 +20,7 @@ from sandbox_service.settings import Settings
 
 log = logging.getLogger(__name__)
 
-OPTIONAL_LAYERS = ("net", "mount", "uid", "seccomp")
+OPTIONAL_LAYERS = ("net", "ipc", "pid", "mount", "uid", "seccomp", "memory")
 
 
 class IsolationUnavailable(RuntimeError):

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import sandbox_service
-from sandbox_service.executor import protocol
+from sandbox_service.executor import memory, protocol
 from sandbox_service.executor.zygote import ZygoteConfig
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ START_TIMEOUT_S = 120.0  # importing sympy on a loaded 2-core machine can take s
 WATCHDOG_GRACE_S = 15.0  # beyond a run's own timeout before we stop trusting the zygote
 CANARY_TIMEOUT_S = 30.0  # generous: a loaded machine, not a slow canary, must not fail it
 CANARY_MEMORY_MB = 256
+CGROUP_REMOVE_TRIES = 40
 
 
 class SlotCrashed(Exception):
@@ -304,3 +305,13 @@ class Slot:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGKILL)
             await self.proc.wait()
+        await self._remove_cgroup()
+
+    async def _remove_cgroup(self) -> None:
+        """The zygote's memory cgroup goes with it (the next one of the slot makes it again);
+        its last processes may take a moment to die after it."""
+        path = self.ready.get("cgroup")
+        for _ in range(CGROUP_REMOVE_TRIES):
+            if not path or memory.remove_cgroup(path):
+                return
+            await asyncio.sleep(0.05)

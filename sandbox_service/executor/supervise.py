@@ -11,11 +11,14 @@ import os
 import select
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sandbox_service.executor import runner
 
 SETUP_ERROR = b"setup_error:"
+SAMPLE_S = 0.05  # how often the tree's memory is sampled where no cgroup limits it
+Sampler = Callable[[], bool]
 
 
 @dataclass
@@ -86,26 +89,49 @@ def _read_into(fd: int, capture: Capture) -> bool:
     return bool(chunk)
 
 
-def watch(pidfd: int, streams: dict[int, Capture], timeout_s: float, start: float) -> Watch:
-    """Wait until the child exits, runs out of time, or overflows an output cap."""
+def _take(fd: int, pidfd: int, alarm: int | None, streams: dict[int, Capture],
+          poller: select.poll, seen: Watch) -> None:  # fmt: skip
+    """One ready descriptor: the child ended, the memory alarm, or output to read."""
+    if fd == pidfd:
+        seen.exited = True
+    elif fd == alarm:
+        seen.reason = "memory"
+    elif not _read_into(fd, streams[fd]):
+        poller.unregister(fd)
+
+
+def watch(pidfd: int, streams: dict[int, Capture], timeout_s: float, start: float,
+          alarm: int | None = None, over: Sampler | None = None) -> Watch:  # fmt: skip
+    """Wait until the child exits, runs out of time, or overflows an output cap, or until
+    the tree goes over its memory limit: ``alarm`` (the memory cgroup's OOM eventfd) is
+    readable, or ``over`` (called every ``SAMPLE_S`` where there is no cgroup) says so."""
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
+    if alarm is not None:
+        poller.register(alarm, select.POLLIN)
     for fd in streams:
         poller.register(fd, select.POLLIN)
     deadline = start + timeout_s
     seen = Watch()
+    next_sample = start + SAMPLE_S
     while not seen.exited:
-        remaining = deadline - time.monotonic()
+        now = time.monotonic()
+        remaining = deadline - now
         if remaining <= 0:
             seen.reason = "timeout"
             break
-        for fd, _ in poller.poll(remaining * 1000 + 1):
-            if fd == pidfd:
-                seen.exited = True
-            elif not _read_into(fd, streams[fd]):
-                poller.unregister(fd)
+        if over is not None and now >= next_sample:
+            next_sample = now + SAMPLE_S
+            if over():
+                seen.reason = "memory"
+                break
+        wait = min(remaining, next_sample - now) if over is not None else remaining
+        for fd, _ in poller.poll(wait * 1000 + 1):
+            _take(fd, pidfd, alarm, streams, poller, seen)
         if any(c.truncated for c in streams.values()):
             seen.reason = "output"
+            break
+        if seen.reason == "memory":
             break
     seen.end = time.monotonic()
     return seen

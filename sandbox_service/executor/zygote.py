@@ -21,7 +21,6 @@ import gc
 import json
 import math
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -30,8 +29,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandbox_service.executor import (
+    ipc,
+    memory,
+    pidns,
+    protocol,
+    runner,
+    seccomp_filter,
+    supervise,
+    wipe,
+)
 from sandbox_service.executor import isolation as iso
-from sandbox_service.executor import protocol, runner, seccomp_filter, supervise
+from sandbox_service.executor.memory import SlotCgroup
+from sandbox_service.executor.reset import Reset, Scratch
 
 MIB = 1024 * 1024
 SETUP_FAILED = 125
@@ -47,7 +57,9 @@ class ZygoteConfig:
     slot: int
     uid: int | None = None
     gid: int | None = None
-    layers: list[str] = field(default_factory=lambda: ["net", "mount", "uid", "seccomp"])
+    layers: list[str] = field(
+        default_factory=lambda: ["net", "ipc", "pid", "mount", "uid", "seccomp", "memory"]
+    )
     preload: list[str] = field(default_factory=list)
     warmup: str = ""
     work_root: str = "/tmp/sandbox-service"
@@ -64,12 +76,17 @@ class Confinement:
     """The layers that turned out to be available, and what a child needs to apply them."""
 
     net: bool = False
+    ipc: bool = False
+    pid: bool = False
     mount: bool = False
     uid: bool = False
     seccomp: bool = False
+    memory: bool = False
     notes: dict[str, str] = field(default_factory=dict)
     filter: seccomp_filter.Program | None = None
     scratch_keep: dict[str, frozenset[str]] = field(default_factory=dict)
+    mq_fd: int | None = None  # the IPC namespace's POSIX queues, to remove them after each run
+    cgroup: SlotCgroup | None = None  # the zygote's own, holding every execution's tree
     base_address_space: int = 0
     # Without a uid of its own, RLIMIT_NPROC counts every process of the service's user: the
     # limit is what that user had at start plus headroom, enough to stop a fork bomb from
@@ -79,9 +96,12 @@ class Confinement:
     def report(self) -> dict[str, bool | str]:
         layers: dict[str, bool | str] = {
             "net": self.net,
+            "ipc": self.ipc,
+            "pid": self.pid,
             "mount": self.mount,
             "uid": self.uid,
             "seccomp": self.seccomp,
+            "memory": self.memory,
             "rlimits": True,
         }
         layers.update({f"{name}_note": note for name, note in self.notes.items()})
@@ -170,23 +190,6 @@ def scratch_dirs(cfg: ZygoteConfig) -> list[tuple[str, int]]:
     return [("/tmp", cfg.tmpfs_mb), ("/dev/shm", min(SHM_MB, cfg.tmpfs_mb))]
 
 
-def empty_directory(path: str, keep: frozenset[str] = frozenset()) -> bool:
-    """Remove everything inside ``path`` but the entries named in ``keep`` (those holding
-    the interpreter's files); True if nothing else is left."""
-    with os.scandir(path) as entries:
-        for entry in entries:
-            if entry.name in keep:
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                try:
-                    os.unlink(entry.path)
-                except OSError:
-                    pass
-    return set(os.listdir(path)) <= keep
-
-
 def enter_mount_namespace(cfg: ZygoteConfig, conf: Confinement) -> None:
     """A mount namespace of the zygote's own: the host read-only, /proc private, the hidden
     paths covered, a private tmpfs on each scratch directory."""
@@ -207,6 +210,33 @@ def enter_mount_namespace(cfg: ZygoteConfig, conf: Confinement) -> None:
         conf.scratch_keep[path] = frozenset(os.path.relpath(k, path).split("/")[0] for k in kept)
 
 
+def enter_ipc_namespace(cfg: ZygoteConfig, conf: Confinement) -> None:
+    """SysV IPC and POSIX queues of the zygote's own, emptied after every execution; shared
+    memory capped at the private /dev/shm's size (a new namespace's default is unlimited)."""
+    conf.mq_fd = ipc.enter_namespace(shm_mb=min(SHM_MB, cfg.tmpfs_mb))
+
+
+def enter_memory_cgroup(cfg: ZygoteConfig, conf: Confinement) -> None:
+    """A memory cgroup of the zygote's own, so that a limit holds per execution tree."""
+    if os.geteuid() != 0:
+        raise PermissionError("not running as root: the limit is per process (RLIMIT_AS)")
+    conf.cgroup = memory.SlotCgroup(memory.cgroup_name(cfg.slot, cfg.uid))
+
+
+def enter_pid_namespace(cfg: ZygoteConfig, sock: socket.socket) -> str | None:
+    """Go on as pid 1 of a pid namespace of the zygote's own (``executor.pidns``); None if
+    done or not asked for, else why not."""
+    if "pid" not in cfg.layers:
+        return None
+    if os.geteuid() != 0:
+        return "not running as root: pids of the host's processes answer probes"
+    try:
+        pidns.enter(sock.fileno())
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def confine_zygote(cfg: ZygoteConfig) -> Confinement:
     """Enter this zygote's own namespaces and find out which layers children can apply."""
     conf = Confinement()
@@ -214,8 +244,14 @@ def confine_zygote(cfg: ZygoteConfig) -> Confinement:
     wanted = set(cfg.layers)
     if "net" in wanted:
         conf.net = _try(conf, "net", lambda: iso.unshare(iso.CLONE_NEWNET))
+    if "memory" in wanted:  # before the mount layer makes /sys read-only
+        conf.memory = _try(conf, "memory", lambda: enter_memory_cgroup(cfg, conf))
+    if "ipc" in wanted:
+        conf.ipc = _try(conf, "ipc", lambda: enter_ipc_namespace(cfg, conf))
     if "mount" in wanted:
         conf.mount = _try(conf, "mount", lambda: enter_mount_namespace(cfg, conf))
+    if conf.ipc and conf.mount:
+        _try(conf, "ipc_dev_mqueue", ipc.cover_dev_mqueue)
     if "uid" in wanted:
         if not root or cfg.uid is None:
             conf.notes["uid"] = "not running as root: code runs as the service's own user"
@@ -288,6 +324,8 @@ def child(req: dict[str, Any], cfg: ZygoteConfig, conf: Confinement, pipes: supe
         open_files=cfg.max_open_files,
         processes=cfg.max_processes if conf.uid else conf.shared_process_limit,
     )
+    if conf.cgroup is not None:
+        memory.make_killable()
     if conf.uid:
         iso.drop_to(uid, gid)
     iso.die_with_parent()  # after the uid change, which clears it
@@ -330,14 +368,23 @@ class Zygote:
         self.cfg = cfg
         self.conf = conf
         self.pid = os.getpid()
+        # In a pid namespace every zygote is pid 1: a random tag names its run directories.
+        self.run_tag = os.urandom(4).hex() if pidns.inside() else str(self.pid)
         self.runs = 0
         self.dirty = False
+        self.reset = Reset(
+            scratch=[Scratch(path, conf.scratch_keep.get(path, frozenset()), SCRATCH_MODE)
+                     for path, _ in scratch_dirs(cfg)] if conf.mount else [],
+            ipc=conf.ipc,
+            mq_fd=conf.mq_fd,
+        )  # fmt: skip
+        self.unclean: str | None = None  # why the last reset failed: the zygote is recycled
 
     def _workdir(self) -> str:
         if self.conf.mount:
             return "/tmp"
         # The zygote's pid in the name: what a predecessor could not remove never collides.
-        name = f"run-{self.pid}-{self.runs}"
+        name = f"run-{self.run_tag}-{self.runs}"
         path = os.path.join(slot_dir(self.cfg), name)
         os.makedirs(path, mode=0o700)
         if self.conf.uid and self.cfg.uid is not None:
@@ -346,14 +393,11 @@ class Zygote:
 
     def _reset_workdir(self, workdir: str) -> None:
         """Leave nothing of this execution for the next one; a slot that cannot is recycled."""
-        if not self.conf.mount:
-            shutil.rmtree(workdir, ignore_errors=True)
-            self.dirty = self.dirty or os.path.exists(workdir)
-            return
-        for path, _ in scratch_dirs(self.cfg):
-            if not empty_directory(path, self.conf.scratch_keep.get(path, frozenset())):
-                self.dirty = True
-            os.chmod(path, SCRATCH_MODE)
+        run_dir = () if self.conf.mount else (Scratch(workdir, remove=True),)
+        why = self.reset.run(run_dir)
+        if why is not None:
+            self.unclean = why
+            self.dirty = True
 
     def _fork(self, req: dict[str, Any], pipes: supervise.Pipes, workdir: str) -> int:
         pid = os.fork()
@@ -393,6 +437,8 @@ class Zygote:
         timeout_s = float(req["timeout_s"])
         workdir = self._workdir()
         pipes = supervise.Pipes.open(req.get("stdin", "").encode())
+        if self.conf.cgroup is not None:
+            self.conf.cgroup.begin(int(req["memory_mb"]))
         start = time.monotonic()
         pid = self._fork(req, pipes, workdir)
         pipes.close_child_ends()
@@ -400,8 +446,13 @@ class Zygote:
         cap = self.cfg.max_output_bytes
         streams = {pipes.out_r: supervise.Capture(cap), pipes.err_r: supervise.Capture(cap)}
         try:
-            seen = supervise.watch(pidfd, streams, timeout_s, start)
+            cgroup = self.conf.cgroup
+            sampler = memory.TreeSampler(int(req["memory_mb"])) if cgroup is None else None
+            alarm = cgroup.oom_alarm if cgroup is not None else None
+            over = sampler.over if sampler is not None else None
+            seen = supervise.watch(pidfd, streams, timeout_s, start, alarm, over)
             status, usage = self._clean_up(pid)
+            tree = cgroup.end() if cgroup is not None else sampler.outcome() if sampler else None
             supervise.drain(streams)
             os.set_blocking(pipes.st_r, False)
             try:
@@ -414,7 +465,7 @@ class Zygote:
             self._reset_workdir(workdir)
         out, err = streams[pipes.out_r], streams[pipes.err_r]
         verdict_, code, sig, message = supervise.verdict(status, seen, [out, err], note, timeout_s)
-        return {
+        result = {
             "status": verdict_,
             "exit_code": code,
             "signal": sig,
@@ -427,6 +478,7 @@ class Zygote:
             "peak_memory_mb": round(usage.ru_maxrss / 1024, 3),
             "message": message,
         }
+        return memory.judged(result, tree, int(req["memory_mb"]))
 
 
 def serve(sock: socket.socket, zygote: Zygote) -> None:
@@ -441,6 +493,8 @@ def serve(sock: socket.socket, zygote: Zygote) -> None:
             zygote.dirty = True  # whatever broke may break the next run too: start afresh
         if zygote.dirty:
             result["recycle"] = True
+            why = zygote.unclean or result.get("message") or "could not clean up"
+            print(f"zygote of slot {zygote.cfg.slot}: recycled: {why}", file=sys.stderr)
         protocol.send(sock, result)
         if zygote.dirty:
             return  # go-judge's rule: never reuse an environment that failed to reset
@@ -456,13 +510,20 @@ def main(argv: list[str]) -> None:
     iso.set_dumpable(False)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the service, which stops us
+    pid_note = enter_pid_namespace(cfg, sock)
     conf = confine_zygote(cfg)
+    conf.pid = pidns.inside()
+    if conf.pid and not conf.mount:
+        pidns.own_proc()  # never the host's /proc seen from the zygote's namespace
+    if pid_note:
+        conf.notes["pid"] = pid_note
     failed = preload(cfg.preload, cfg.warmup)
     if not conf.mount:
         # A predecessor killed mid-run (SIGKILL, OOM) left its run directory behind, and ours
         # start from run-0 again: the slot's directory is ours alone, so empty it first.
         own = slot_dir(cfg)
-        shutil.rmtree(own, ignore_errors=True)
+        with contextlib.suppress(OSError, wipe.WipeIncomplete):  # what stays is not reused
+            wipe.remove_tree(own)
         make_work_root(cfg.work_root)
         os.makedirs(own, mode=0o711, exist_ok=True)
     os.environ.clear()
@@ -484,6 +545,7 @@ def main(argv: list[str]) -> None:
             "rss_mb": round(mem.get("VmRSS", 0) / MIB, 1),
             "address_space_mb": round(conf.base_address_space / MIB, 1),
             "huge_pages_mb": huge_mb,
+            "cgroup": conf.cgroup.path if conf.cgroup is not None else None,
         },
     )
     serve(sock, Zygote(cfg, conf))

@@ -602,4 +602,65 @@ NATIVE = [
     ),
 ]
 
-ALL: list[Attack] = NETWORK + FILES + PROCESSES + RESOURCES + NATIVE
+# Issue 21: the reset, IPC, the memory of a whole tree, pids. Each class has a module of its
+# own with variants (test_reset.py, test_ipc.py, test_memory.py, test_pids.py, test_files.py);
+# one attack of each is here, for the table of results per isolation mode.
+ISSUE_21 = [
+    Attack(
+        "directory tree 2,000 levels deep",
+        "files",
+        "emptied after the run (iteratively); the slot stays usable",
+        _c(
+            "import os\nfd = os.open('.', os.O_RDONLY)\nfor _ in range(2000):\n"
+            "    os.mkdir('d', dir_fd=fd); n = os.open('d', os.O_RDONLY, dir_fd=fd)\n"
+            "    os.close(fd); fd = n\nprint('deep')"
+        ),
+        status_is(Status.ok),
+    ),
+    Attack(
+        "SysV IPC of the host",
+        "ipc",
+        "an IPC namespace per zygote: nothing listed",
+        _c(
+            probe(
+                "rows = [r for k in ('shm', 'sem', 'msg') "
+                "for r in open('/proc/sysvipc/' + k).read().splitlines()[1:]]\n"
+                "if not rows: raise OSError('no IPC object visible')\nprint(len(rows))"
+            )
+        ),
+        blocked,
+        ("ipc",),
+    ),
+    Attack(
+        "ten forked children of 110 MiB under 128",
+        "resources",
+        "memory_limit: the limit holds for the tree",
+        _c(
+            "import os, time\nfor _ in range(10):\n    if os.fork() == 0:\n"
+            "        b = bytearray(110 << 20); b[::4096] = b'x' * len(b[::4096])\n"
+            "        time.sleep(1); os._exit(0)\n"
+            "for _ in range(10): os.wait()\nprint('ESCAPED')"
+        ),
+        status_is(Status.memory_limit),
+        timeout_s=20,
+        memory_mb=128,
+    ),
+    Attack(
+        "probe the host's pids",
+        "processes",
+        "a pid namespace per zygote: only pid 1 and its own",
+        lambda t: probe(
+            "import os\nfound = []\n"
+            f"for pid in [*range(2, 70_000), {t.service_pid}]:\n"
+            "    try:\n        os.getpgid(pid); found.append(pid)\n"
+            "    except OSError:\n        pass\n"
+            "found = [p for p in found if p != os.getpid()]\n"
+            "if not found: raise OSError('no other process answers')\nprint(len(found))"
+        ),
+        blocked,
+        ("pid",),
+        timeout_s=20,
+    ),
+]
+
+ALL: list[Attack] = NETWORK + FILES + PROCESSES + RESOURCES + NATIVE + ISSUE_21

@@ -7,6 +7,7 @@ import time
 
 from sandbox_service.client import SandboxClient
 from sandbox_service.models import ExecuteRequest, Mode, Status
+from tests.conftest import processes_of
 
 
 def test_ordinary_program(client: SandboxClient) -> None:
@@ -86,6 +87,12 @@ def test_timeout_kills_whole_process_group(client: SandboxClient) -> None:
     assert r.status is Status.timeout and r.signal == 9
     assert 1.0 <= r.wall_time_s < 1.5  # the zygote's own clock
     assert elapsed < 5  # end to end, on a loaded 2-core machine
+    status = client.status()
+    if status.isolation.get("pid") is True:  # its pids are its namespace's: look by slot uid
+        time.sleep(0.2)
+        uids = {z.uid for z in status.slots + status.light_slots}
+        assert processes_of(uids) == [], "a process of the execution survived the timeout"
+        return
     for pid in map(int, r.stdout.split()):
         assert not _alive(pid), f"process {pid} survived the timeout"
 

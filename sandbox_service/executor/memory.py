@@ -1,0 +1,244 @@
+"""An execution's memory, limited and measured as a whole: a memory cgroup per zygote.
+
+``RLIMIT_AS`` bounds each process alone: ten forked children of 110 MiB each pass a limit of
+128 MiB. Where the host has a memory controller (cgroup v1 ``memory``, or v2 with ``memory``
+delegated), each zygote moves itself into a cgroup of its own at start (once: moving a process
+between cgroups waits for an RCU grace period, ~20 ms at p90 here, far too slow per child) and
+its children are born in it. Before each fork the zygote sets the limit to what the cgroup
+holds now plus ``memory_mb``, so the execution's processes together can add no more than that
+(pages still shared with the zygote are the zygote's and cost nothing); the kernel enforces it
+with its OOM killer. The zygote itself is not the one taken: each child raises its
+``oom_score_adj`` to 1000 before dropping root, and the zygote lowers its own to -1000 where it
+may (CAP_SYS_RESOURCE). After the run the limit goes back to
+unlimited so that the zygote's own work between runs never meets it.
+
+The verdict is the parent's own observation: an OOM kill counted in the cgroup during the run
+means ``memory_limit``, whatever the processes exited with; the peak is the cgroup's high-water
+mark above what it held before the fork: the memory the whole tree added.
+
+The control files are opened before the zygote's mount namespace makes ``/sys`` read-only;
+the descriptors stay writable. Without a memory controller (or root) this module reports why,
+and the per-process address-space limit is all that holds (docs/SECURITY.md).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+MIB = 1 << 20
+UNLIMITED_V1 = b"-1"
+OOM_PROTECTED = b"-1000"
+OOM_FIRST = b"1000"
+
+
+@dataclass(frozen=True)
+class MemoryOutcome:
+    """What the cgroup saw of one execution."""
+
+    peak_mb: float
+    oom_killed: bool  # the tree went over: the kernel killed a process, or the sampler all
+    how: str = "the kernel killed one"
+
+
+def memory_cgroup() -> tuple[int, str]:
+    """(cgroup version, directory of this process's memory cgroup), or OSError."""
+    with open("/proc/self/cgroup") as f:
+        lines = [line.rstrip("\n").split(":", 2) for line in f]
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line.split() for line in f]
+    for _, controllers, path in lines:
+        if "memory" in controllers.split(","):
+            for m in mounts:
+                sep = m.index("-")
+                if m[sep + 1] == "cgroup" and "memory" in m[sep + 3].split(","):
+                    return 1, _under_mount(m[4], m[3], path)
+    for hierarchy, controllers, path in lines:
+        if hierarchy == "0" and controllers == "":
+            for m in mounts:
+                if m[m.index("-") + 1] == "cgroup2":
+                    # A v2 cgroup with processes cannot have controlled children (but the
+                    # root): the zygote's goes beside the one it was started in.
+                    directory = _under_mount(m[4], m[3], path)
+                    parent = directory if path == "/" else os.path.dirname(directory)
+                    with open(os.path.join(parent, "cgroup.subtree_control")) as f:
+                        if "memory" in f.read().split():
+                            return 2, parent
+                    raise OSError(f"cgroup v2 at {parent} does not delegate the memory controller")
+    raise OSError("no memory cgroup controller on this host")
+
+
+def _under_mount(mountpoint: str, root: str, path: str) -> str:
+    """Where cgroup ``path`` (as /proc/self/cgroup names it) is under a mount of ``root``."""
+    if root != "/" and (path == root or path.startswith(root + "/")):
+        path = path[len(root) :]
+    return mountpoint + path.rstrip("/")
+
+
+class SlotCgroup:
+    """The zygote's own memory cgroup, through descriptors opened at start."""
+
+    def __init__(self, name: str) -> None:
+        """Create cgroup ``name`` beside (v2) or below (v1) the zygote's own and move into
+        it; OSError when the host has no memory controller this process may use."""
+        self.version, parent = memory_cgroup()
+        self.path = os.path.join(parent, name)
+        os.makedirs(self.path, exist_ok=True)
+        v1 = self.version == 1
+        self._usage = self._open("memory.usage_in_bytes" if v1 else "memory.current", os.O_RDONLY)
+        self._limit = self._open("memory.limit_in_bytes" if v1 else "memory.max", os.O_WRONLY)
+        self._peak = self._open("memory.max_usage_in_bytes" if v1 else "memory.peak", os.O_RDWR)
+        self._events = self._open("memory.oom_control" if v1 else "memory.events", os.O_RDONLY)
+        # v1 signals every OOM of the cgroup on an eventfd: the parent ends the execution at
+        # once (a multiprocessing pool whose worker was killed would otherwise wait for ever).
+        self.oom_alarm: int | None = None
+        if v1:
+            self.oom_alarm = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            with open(os.path.join(self.path, "cgroup.event_control"), "w") as f:
+                f.write(f"{self.oom_alarm} {self._events}")
+        with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
+            f.write("0")  # this process (its pid here may be 1, in a namespace of its own)
+        try:  # lowering needs CAP_SYS_RESOURCE; children raise theirs to 1000 anyway
+            with open("/proc/self/oom_score_adj", "wb") as f:
+                f.write(OOM_PROTECTED)
+        except PermissionError:
+            pass
+        self._baseline = 0
+        self._oom_before = 0
+
+    def _open(self, name: str, flags: int) -> int:
+        return os.open(os.path.join(self.path, name), flags | os.O_CLOEXEC)
+
+    @staticmethod
+    def _read(fd: int) -> bytes:
+        return os.pread(fd, 4096, 0)
+
+    def _oom_kills(self) -> int:
+        for line in self._read(self._events).splitlines():
+            key, _, value = line.partition(b" ")
+            if key == b"oom_kill":
+                return int(value)
+        return 0
+
+    def _drain_alarm(self) -> None:
+        if self.oom_alarm is not None:
+            try:
+                os.eventfd_read(self.oom_alarm)
+            except BlockingIOError:
+                pass
+
+    def _set_limit(self, value: bytes) -> None:
+        os.pwrite(self._limit, value, 0)
+
+    def begin(self, memory_mb: int) -> None:
+        """Before the fork: the tree may add ``memory_mb`` to what the cgroup holds now."""
+        self._baseline = int(self._read(self._usage))
+        self._oom_before = self._oom_kills()
+        self._drain_alarm()  # an event of before the fork is no alarm
+        self._set_limit(str(self._baseline + memory_mb * MIB).encode())
+        try:
+            os.pwrite(self._peak, b"0" if self.version == 1 else b"reset", 0)
+        except OSError:  # v2 before Linux 6.12: the peak is the cgroup's since it was made
+            pass
+
+    def end(self) -> MemoryOutcome:
+        """After every process of the execution is dead: the tree's peak, whether the kernel
+        killed one for the limit; the limit is lifted again."""
+        self._set_limit(UNLIMITED_V1 if self.version == 1 else b"max")
+        self._drain_alarm()
+        peak = int(self._read(self._peak)) - self._baseline
+        return MemoryOutcome(round(max(peak, 0) / MIB, 3), self._oom_kills() > self._oom_before)
+
+
+class TreeSampler:
+    """Where there is no cgroup: the parent sums the private memory (USS: pages no other
+    process maps) of every process of the tree, every ``supervise.SAMPLE_S``, and ends the run
+    when it is over the limit. Approximate: growth between two samples goes unseen until the
+    next, and pages shared only among the execution's own processes are not counted."""
+
+    def __init__(self, memory_mb: int) -> None:
+        self.limit = memory_mb * MIB
+        self.peak = 0
+        self.over_limit = False
+
+    def over(self) -> bool:
+        total = sum(_private_bytes(pid) for pid in _descendants(os.getpid()))
+        self.peak = max(self.peak, total)
+        self.over_limit = total > self.limit
+        return self.over_limit
+
+    def outcome(self) -> MemoryOutcome | None:
+        """None when no sample was taken (the run was shorter than one interval)."""
+        if not self.peak:
+            return None
+        how = "seen by sampling; all killed"
+        return MemoryOutcome(round(self.peak / MIB, 3), self.over_limit, how)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (orphans come back to the zygote, a subreaper)."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            with open(f"/proc/{parent}/task/{parent}/children") as f:
+                kids = [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+        found += kids
+        todo += kids
+    return found
+
+
+def _private_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:  # gone meanwhile
+        return 0
+    total = 0
+    for line in lines:
+        if line.startswith((b"Private_Clean:", b"Private_Dirty:", b"Private_Hugetlb:")):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+def judged(result: dict[str, Any], tree: MemoryOutcome | None, memory_mb: int) -> dict[str, Any]:
+    """``result`` with the tree's peak and, if the kernel killed a process of it for the
+    limit, the status ``memory_limit`` (unless a limit the parent enforces ended it first)."""
+    if tree is None:
+        return result
+    result["peak_memory_mb"] = tree.peak_mb
+    if tree.oom_killed and result["status"] in ("ok", "error", "killed"):
+        result["status"] = "memory_limit"
+        result["message"] = (
+            f"memory limit of {memory_mb} MiB exceeded by the execution's processes together "
+            f"({tree.how})"
+        )
+    return result
+
+
+def make_killable() -> None:
+    """In a child, before it drops root: the first process the OOM killer takes (the zygote's
+    -1000 is inherited and would make the child unkillable, and a cgroup at its limit with
+    nothing to kill hangs until the timeout)."""
+    with open("/proc/self/oom_score_adj", "wb") as f:
+        f.write(OOM_FIRST)
+
+
+def cgroup_name(slot: int, uid: int | None) -> str:
+    """Named after the slot's uid, unique on the host while its service lives (executor.uids);
+    the next zygote of the slot finds and reuses it."""
+    return f"sandbox-service-uid-{uid}" if uid is not None else f"sandbox-service-{os.getpid()}"
+
+
+def remove_cgroup(path: str) -> bool:
+    """Remove a zygote's cgroup once it is gone; False while a process is still in it."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
