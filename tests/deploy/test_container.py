@@ -139,7 +139,7 @@ def test_entrypoint_is_the_console_script_and_cmd_a_command() -> None:
                 if word == "HEALTHCHECK" for args in [args.split(" CMD ", 1)[1]]]  # fmt: skip
     copied = {shlex.split(a)[-1]: shlex.split(a)[0] for w, a in runtime if w == "COPY"
               and not a.startswith("--from")}  # fmt: skip
-    assert health[0] == "python" and copied[health[1]] == "deploy/healthcheck.py"
+    assert health[0] == "python3" and copied[health[1]] == "deploy/healthcheck.py"
 
 
 def test_image_environment_and_ports_match_the_settings() -> None:
