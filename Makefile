@@ -62,7 +62,9 @@ image:
 	IMAGE=$(IMAGE) deploy/image.sh
 
 test-image: install
-	SANDBOX_TEST_IMAGE=$(IMAGE) $(PY) -m pytest -q -p no:cacheprovider tests/image
+	SANDBOX_TEST_IMAGE=$(IMAGE) SANDBOX_TEST_DOCKER_IMAGE=$(IMAGE) SANDBOX_TEST_IMAGE_REQUIRED=1 \
+		$(PY) -m pytest -q tests/image \
+		tests/deploy/test_docker_backend.py::test_executions_in_real_slot_containers
 
 clean:
 	rm -rf $(VENV) $(VLLM_CPU_VENV) build *.egg-info .pytest_cache .ruff_cache

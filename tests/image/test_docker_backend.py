@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+
 from tests.image.engine import IMAGE, docker, ready, wait_until
 from tests.image.test_shapes import START_S, check_api, layers
 
@@ -59,6 +61,7 @@ def test_serve_with_slots_in_containers(tmp_path: Path) -> None:
         check_api(url)
         report = layers(url)
         assert report == PROMISED, report
+        assert httpx.get(f"{url}/v1/status", timeout=10).json()["isolation"]["container"] is True
         service.send_signal(signal.SIGTERM)
         assert service.wait(60) in (0, -signal.SIGTERM), log.read_text()
     finally:

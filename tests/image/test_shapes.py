@@ -108,7 +108,11 @@ def check_isolation(url: str, promised: dict[str, bool]) -> None:
 
 
 def wait_ready(container: Container, url: str) -> None:
-    wait_until(lambda: ready(url), START_S, lambda: f"{container.name} ready:\n{container.logs()}")
+    def up() -> bool:
+        assert container.state()["Running"], f"{container.name} exited:\n{container.logs()}"
+        return ready(url)
+
+    wait_until(up, START_S, lambda: f"{container.name} ready:\n{container.logs()}")
 
 
 def stop_all(engine: Engine, containers: list[tuple[Container, float]]) -> None:
@@ -182,12 +186,17 @@ def compose_options(service: dict[str, Any], secret: Path, network: str, alias: 
         assert isinstance(volume, dict) and volume["type"] == "tmpfs", volume
         options += ["--tmpfs", volume["target"]]
     if service.get("secrets"):
-        options += ["-v", f"{secret}:/run/secrets/redis_password:ro"]
+        options += ["-v", f"{secret / 'password'}:/run/secrets/redis_password:ro"]
     for name, value in service.get("environment", {}).items():
         options += ["-e", f"{name}={interpolate(str(value))}"]
     for entrypoint in service.get("entrypoint", [])[:1]:
         options += ["--entrypoint", entrypoint]
     return options
+
+
+def compose_args(service: dict[str, Any]) -> list[str]:
+    """The container's arguments: the rest of its entrypoint, then its command."""
+    return [interpolate(a) for a in [*service.get("entrypoint", [])[1:], *service["command"]]]
 
 
 def interpolate(value: str) -> str:
@@ -234,7 +243,7 @@ def test_serve_as_the_images_own_user(docker_engine: Engine) -> None:
 def test_serve_as_root_with_the_workers_capabilities(docker_engine: Engine, secret: Secret) -> None:
     """`serve` in the security context of k8s/base/worker.yaml: the layers a worker promises."""
     pod, c = k8s_container("worker.yaml")
-    options = [o for o in k8s_options(pod, c, secret.root_only) if "REDIS" not in o]
+    options = k8s_options(pod, c, secret.root_only)  # its environment too, Redis's unused
     node = docker_engine.run("serve-root", IMAGE, ["-p", "127.0.0.1::8000", *options],
                              ["serve", "--slots", SLOTS])  # fmt: skip
     url = node.url()
@@ -248,9 +257,10 @@ def start_redis(engine: Engine, network: str, secret: Secret) -> Container:
     """deploy/compose.yaml's Redis service (its command, user, confinement) on Debian's Redis."""
     service = yaml.safe_load(COMPOSE.read_text())["services"]["redis"]
     options = compose_options(service, secret.readable, network, "redis")
-    redis = engine.run("redis", REDIS_IMAGE, options, [interpolate(a) for a in service["command"]])
+    redis = engine.run("redis", REDIS_IMAGE, options, compose_args(service))
 
     def pong() -> bool:
+        assert redis.state()["Running"], f"{redis.name} exited:\n{redis.logs()}"
         said = docker("exec", "-e", f"REDISCLI_AUTH={PASSWORD}", redis.name, "redis-cli", "ping",
                       check=False)  # fmt: skip
         return said == "PONG"
@@ -295,9 +305,9 @@ def test_redis_api_and_worker_as_in_compose(docker_engine: Engine, secret: Secre
         "compose-api", IMAGE,
         ["-p", "127.0.0.1::8000", *compose_options(services["api"], secret.readable, network,
                                                    "api")],
-        [interpolate(a) for a in services["api"]["command"]],
+        compose_args(services["api"]),
     )  # fmt: skip
-    worker_args = [interpolate(a) for a in services["worker"]["command"]]
+    worker_args = compose_args(services["worker"])
     worker_args[worker_args.index("--slots") + 1] = SLOTS
     worker = docker_engine.run(
         "compose-worker", IMAGE,
@@ -310,5 +320,8 @@ def test_redis_api_and_worker_as_in_compose(docker_engine: Engine, secret: Secre
     wait_ready(api, url)
     check_api(url)
     check_isolation(url, WORKER)
-    grace = {name: int(services[name]["stop_grace_period"].rstrip("s")) for name in services}
-    stop_all(docker_engine, [(api, grace["api"]), (worker, grace["worker"]), (redis, 10)])
+    # Compose waits 10 s where a service names no stop_grace_period.
+    grace = {n: int(s.get("stop_grace_period", "10s").rstrip("s")) for n, s in services.items()}
+    stop_all(
+        docker_engine, [(api, grace["api"]), (worker, grace["worker"]), (redis, grace["redis"])]
+    )
