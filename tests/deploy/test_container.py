@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import fnmatch
 import http.server
-import importlib.util
 import json
 import re
 import shlex
@@ -35,6 +34,7 @@ from tests.deploy.manifests import (
     WORKER_METRICS_PORT,
     container,
     kustomize_command,
+    load_script,
     render,
 )
 
@@ -293,11 +293,7 @@ def test_redis_settings_have_landed() -> None:
 
 
 def _load_healthcheck() -> Any:
-    spec = importlib.util.spec_from_file_location("healthcheck", DEPLOY / "healthcheck.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("healthcheck.py")
 
 
 class _Readyz(http.server.BaseHTTPRequestHandler):

@@ -85,7 +85,7 @@ def check_api(url: str) -> None:
     results = httpx.post(f"{url}/v1/execute/batch", json=batch, timeout=120).json()["results"]
     assert [r["status"] for r in results] == [
         "ok", "error", "timeout", "memory_limit", "ok", "error"
-    ], results  # fmt: skip
+    ], [(r["status"], r.get("message"), r["stderr"][-300:]) for r in results]  # fmt: skip
     assert results[0]["stdout"] == "(x - 1)*(x + 1)\n"
     assert "ZeroDivisionError" in results[1]["stderr"]
     assert results[4]["stdout"] == "array([0, 2, 4])\n"
@@ -113,6 +113,16 @@ def wait_ready(container: Container, url: str) -> None:
         return ready(url)
 
     wait_until(up, START_S, lambda: f"{container.name} ready:\n{container.logs()}")
+
+
+def check_cluster(api: Container, worker: Container) -> None:
+    """A worker ready on its metrics port, the API ready, the contract through the API, and the
+    workers' layers (the API's /v1/status reports them) what a worker promises."""
+    wait_ready(worker, worker.url(9100))
+    url = api.url()
+    wait_ready(api, url)
+    check_api(url)
+    check_isolation(url, WORKER)
 
 
 def stop_all(engine: Engine, containers: list[tuple[Container, float]]) -> None:
@@ -285,11 +295,7 @@ def test_redis_api_and_worker_as_in_k8s_base(docker_engine: Engine, secret: Secr
                               *k8s_options(worker_pod, worker_c, secret.root_only)],
         k8s_args(worker_c, "redis:6379"),
     )  # fmt: skip
-    wait_ready(worker, worker.url(9100))
-    url = api.url()
-    wait_ready(api, url)
-    check_api(url)
-    check_isolation(url, WORKER)
+    check_cluster(api, worker)
     stop_all(docker_engine, [(api, api_pod["terminationGracePeriodSeconds"]),
                              (worker, worker_pod["terminationGracePeriodSeconds"]),
                              (redis, 10)])  # fmt: skip
@@ -315,11 +321,7 @@ def test_redis_api_and_worker_as_in_compose(docker_engine: Engine, secret: Secre
                                                    network, "worker")],
         worker_args,
     )  # fmt: skip
-    wait_ready(worker, worker.url(9100))
-    url = api.url()
-    wait_ready(api, url)
-    check_api(url)
-    check_isolation(url, WORKER)
+    check_cluster(api, worker)
     # Compose waits 10 s where a service names no stop_grace_period.
     grace = {n: int(s.get("stop_grace_period", "10s").rstrip("s")) for n, s in services.items()}
     stop_all(
