@@ -20,7 +20,7 @@ SUITE=${SUITE:-bookworm}
 mkdir -p "$CACHE"
 CACHE=$(cd "$CACHE" && pwd)
 
-say() { printf '[image] %s\n' "$*" >&2; }
+say() { printf '[image %4ss] %s\n' "$SECONDS" "$*" >&2; }
 apt_install() {
     [ -n "${APT_UPDATED:-}" ] || { apt-get update -qq; APT_UPDATED=1; }
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
