@@ -7,6 +7,7 @@ Ports are published on 127.0.0.1 only: every request goes to loopback.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -80,8 +81,6 @@ class Container:
         return done.stdout + done.stderr
 
     def state(self) -> dict[str, object]:
-        import json
-
         return dict(json.loads(docker("inspect", "--format", "{{json .State}}", self.name)))
 
     def terminate(self, grace_s: float) -> dict[str, object]:

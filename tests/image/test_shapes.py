@@ -25,6 +25,8 @@ import httpx
 import pytest
 import yaml
 
+from sandbox_service.server import DELIVERY_GRACE_S
+from sandbox_service.settings import Settings
 from tests.image.engine import (
     IMAGE,
     PREFIX,
@@ -88,6 +90,7 @@ def check_api(url: str) -> None:
     ], [(r["status"], r.get("message"), r["stderr"][-300:]) for r in results]  # fmt: skip
     assert results[0]["stdout"] == "(x - 1)*(x + 1)\n"
     assert "ZeroDivisionError" in results[1]["stderr"]
+    assert "PermissionError" in results[5]["stderr"]  # seccomp: no inet socket
     assert results[4]["stdout"] == "array([0, 2, 4])\n"
     fusion = httpx.post(f"{url}/run_code", json={"code": "print(6 * 7)", "language": "python"},
                         timeout=60).json()  # fmt: skip
@@ -104,7 +107,18 @@ def layers(url: str) -> dict[str, Any]:
 
 def check_isolation(url: str, promised: dict[str, bool]) -> None:
     report = httpx.get(f"{url}/v1/status", timeout=10).json()["isolation"]
-    assert layers(url) == promised, report
+    assert {layer: report.get(layer) for layer in LAYERS} == promised, report
+
+
+def wait_healthy(container: Container) -> None:
+    """Docker's own HEALTHCHECK (deploy/healthcheck.py, every 10 s) calls it healthy."""
+
+    def healthy() -> bool:
+        return docker("inspect", "--format", "{{.State.Health.Status}}", container.name) == (
+            "healthy"
+        )
+
+    wait_until(healthy, 60, container.logs)
 
 
 def wait_ready(container: Container, url: str) -> None:
@@ -125,7 +139,7 @@ def check_cluster(api: Container, worker: Container) -> None:
     check_isolation(url, WORKER)
 
 
-def stop_all(engine: Engine, containers: list[tuple[Container, float]]) -> None:
+def stop_all(containers: list[tuple[Container, float]]) -> None:
     """SIGTERM in order; each exits by itself within its grace period; nothing runs after."""
     for container, grace_s in containers:
         state = container.terminate(grace_s)
@@ -242,12 +256,10 @@ def test_serve_as_the_images_own_user(docker_engine: Engine) -> None:
     node = docker_engine.run("serve-user", IMAGE, ["-p", "127.0.0.1::8000"], [])
     url = node.url()
     wait_ready(node, url)
-    assert docker("inspect", "--format", "{{.State.Health.Status}}", node.name) in (
-        "starting", "healthy"
-    )  # fmt: skip
     check_api(url)
+    wait_healthy(node)
     check_isolation(url, UNPRIVILEGED)
-    stop_all(docker_engine, [(node, 40)])
+    stop_all([(node, Settings().graceful_shutdown_s + DELIVERY_GRACE_S)])
 
 
 def test_serve_as_root_with_the_workers_capabilities(docker_engine: Engine, secret: Secret) -> None:
@@ -259,8 +271,9 @@ def test_serve_as_root_with_the_workers_capabilities(docker_engine: Engine, secr
     url = node.url()
     wait_ready(node, url)
     check_api(url)
+    wait_healthy(node)
     check_isolation(url, WORKER)
-    stop_all(docker_engine, [(node, pod["terminationGracePeriodSeconds"])])
+    stop_all([(node, pod["terminationGracePeriodSeconds"])])
 
 
 def start_redis(engine: Engine, network: str, secret: Secret) -> Container:
@@ -296,7 +309,7 @@ def test_redis_api_and_worker_as_in_k8s_base(docker_engine: Engine, secret: Secr
         k8s_args(worker_c, "redis:6379"),
     )  # fmt: skip
     check_cluster(api, worker)
-    stop_all(docker_engine, [(api, api_pod["terminationGracePeriodSeconds"]),
+    stop_all([(api, api_pod["terminationGracePeriodSeconds"]),
                              (worker, worker_pod["terminationGracePeriodSeconds"]),
                              (redis, 10)])  # fmt: skip
 
@@ -324,6 +337,4 @@ def test_redis_api_and_worker_as_in_compose(docker_engine: Engine, secret: Secre
     check_cluster(api, worker)
     # Compose waits 10 s where a service names no stop_grace_period.
     grace = {n: int(s.get("stop_grace_period", "10s").rstrip("s")) for n, s in services.items()}
-    stop_all(
-        docker_engine, [(api, grace["api"]), (worker, grace["worker"]), (redis, grace["redis"])]
-    )
+    stop_all([(api, grace["api"]), (worker, grace["worker"]), (redis, grace["redis"])])
