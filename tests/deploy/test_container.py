@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import fnmatch
 import http.server
-import importlib.util
 import json
 import re
 import shlex
@@ -35,6 +34,7 @@ from tests.deploy.manifests import (
     WORKER_METRICS_PORT,
     container,
     kustomize_command,
+    load_script,
     render,
 )
 
@@ -139,7 +139,7 @@ def test_entrypoint_is_the_console_script_and_cmd_a_command() -> None:
                 if word == "HEALTHCHECK" for args in [args.split(" CMD ", 1)[1]]]  # fmt: skip
     copied = {shlex.split(a)[-1]: shlex.split(a)[0] for w, a in runtime if w == "COPY"
               and not a.startswith("--from")}  # fmt: skip
-    assert health[0] == "python" and copied[health[1]] == "deploy/healthcheck.py"
+    assert health[0] == "python3" and copied[health[1]] == "deploy/healthcheck.py"
 
 
 def test_image_environment_and_ports_match_the_settings() -> None:
@@ -293,11 +293,7 @@ def test_redis_settings_have_landed() -> None:
 
 
 def _load_healthcheck() -> Any:
-    spec = importlib.util.spec_from_file_location("healthcheck", DEPLOY / "healthcheck.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("healthcheck.py")
 
 
 class _Readyz(http.server.BaseHTTPRequestHandler):

@@ -324,9 +324,11 @@ def test_executions_in_real_slot_containers() -> None:
         try:
             assert pool.isolation["container"] is True
             assert pool.isolation["net"] is True and pool.isolation["uid"] is True
-            code = "import os, socket; print(os.getuid(), [n for _, n in socket.if_nameindex()])"
+            # The interfaces from /proc/net/dev: if_nameindex() needs a socket seccomp refuses.
+            code = ("import os; print(os.getuid(), [line.split(':')[0].strip() for line in "
+                    "open('/proc/net/dev').readlines()[2:]])")  # fmt: skip
             result = await pool.slots[0].execute({**RUN, "code": code})
-            assert result["stdout"] == f"{settings.uid_base} ['lo']\n", result
+            assert result["stdout"] == f"{settings.uid_base} ['lo']\n", result["stderr"]
         finally:
             await pool.stop()
 
