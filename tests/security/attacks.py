@@ -442,9 +442,9 @@ RESOURCES = [
     Attack(
         "numpy memory bomb",
         "resources",
-        "memory_limit",
+        "refused at once: the program's MemoryError",
         _c("import numpy as np\na = np.ones(10**10)"),
-        status_is(Status.memory_limit),
+        lambda r: r.status is Status.error and "MemoryError" in r.stderr,
     ),
     Attack(
         "mmap bomb",
