@@ -7,7 +7,13 @@ both kinds reaches them all, and the per-zygote execution counts prove that it d
 
 from __future__ import annotations
 
-from sandbox_service.client import SandboxClient
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from sandbox_service.client import Retry, SandboxClient
+from sandbox_service.launch import ServiceProcess, start
 from sandbox_service.models import Status
 
 LIGHT = "import time\ntime.sleep(0.3)\nprint(sum(range({n})))"
@@ -37,3 +43,17 @@ def assert_every_slot_answers(client: SandboxClient, after: str) -> None:
         if len(ran) == zygotes:
             return
     raise AssertionError(f"after {after!r}: not every zygote could be reached ({ran})")
+
+
+def serve(tmp_path_factory: pytest.TempPathFactory, name: str, **settings: Any,
+          ) -> Iterator[ServiceProcess]:  # fmt: skip
+    """A service of this test module's own (2 slots unless told), stopped after it."""
+    settings = {"slots": 2, "max_timeout_s": 30, **settings}
+    svc = start(str(tmp_path_factory.mktemp(name) / "service.log"), **settings)
+    yield svc
+    svc.stop()
+
+
+def client_of(service: ServiceProcess) -> Iterator[SandboxClient]:
+    with SandboxClient(service.url, retry=Retry(attempts=1)) as c:
+        yield c

@@ -19,10 +19,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandbox_service.client import Retry, SandboxClient
-from sandbox_service.launch import ServiceProcess, start
+from sandbox_service.client import SandboxClient
+from sandbox_service.launch import ServiceProcess
 from sandbox_service.models import Status
-from tests.security.every_slot import ZYGOTES, assert_every_slot_answers
+from tests.security.every_slot import ZYGOTES, assert_every_slot_answers, client_of, serve
 
 SCAN = """
 import os, re
@@ -94,21 +94,17 @@ KINDS = ["code", "stdin", "file", "stdout", "stderr", "big stdin", "big stdout",
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    svc = start(str(tmp_path_factory.mktemp("leftovers") / "service.log"), slots=1,
-                max_output_bytes=8 << 20)  # fmt: skip
-    yield svc
-    svc.stop()
+    yield from serve(tmp_path_factory, "leftovers", slots=1, max_output_bytes=8 << 20)
 
 
 @pytest.fixture(scope="module")
 def client(service: ServiceProcess) -> Iterator[SandboxClient]:
-    with SandboxClient(service.url, retry=Retry(attempts=1), concurrency=1) as c:
-        yield c
+    yield from client_of(service)
 
 
 def _scan(client: SandboxClient, prefix: str, forms: dict[str, str]) -> str:
     needles = {name: form[::-1].encode() for name, form in forms.items()}
-    r = client.execute(prefix + SCAN.format(needles=needles), timeout_s=60)
+    r = client.execute(prefix + SCAN.format(needles=needles), timeout_s=30)
     assert r.status is Status.ok, f"the scan failed: {r.status.value} {r.stderr[-500:]}"
     return r.stdout.strip()
 
@@ -145,5 +141,5 @@ def test_the_scan_finds_what_is_there(client: SandboxClient) -> None:
     marker = _marker("self")
     code = f"planted = {marker[::-1]!r}[::-1].encode() * 2\n"
     needles = {"self": marker[::-1].encode()}
-    r = client.execute(code + SCAN.format(needles=needles), timeout_s=60)
+    r = client.execute(code + SCAN.format(needles=needles), timeout_s=30)
     assert r.stdout.strip() == "LEAK self", r

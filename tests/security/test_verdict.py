@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from sandbox_service.client import Retry, SandboxClient
-from sandbox_service.launch import ServiceProcess, start
+from sandbox_service.client import SandboxClient
+from sandbox_service.launch import ServiceProcess
 from sandbox_service.models import Status
-from tests.security.every_slot import ZYGOTES, assert_every_slot_answers
+from tests.security.every_slot import ZYGOTES, assert_every_slot_answers, client_of, serve
 
 # (name, code, the status it must get): each tries to claim a service status it has not earned.
 FORGERIES = [
@@ -95,16 +95,12 @@ EARNED = [
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    svc = start(str(tmp_path_factory.mktemp("verdict") / "service.log"), slots=2,
-                max_timeout_s=30)  # fmt: skip
-    yield svc
-    svc.stop()
+    yield from serve(tmp_path_factory, "verdict")
 
 
 @pytest.fixture(scope="module")
 def client(service: ServiceProcess) -> Iterator[SandboxClient]:
-    with SandboxClient(service.url, retry=Retry(attempts=1)) as c:
-        yield c
+    yield from client_of(service)
 
 
 @pytest.mark.parametrize("zygote", list(ZYGOTES))
