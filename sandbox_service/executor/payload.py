@@ -26,7 +26,6 @@ from sandbox_service.executor import protocol
 
 MIB = 1024 * 1024
 SLACK = 4 * MIB  # room for an ordinary request beside the output buffers, mapped at start
-ZERO_BY_WRITE = MIB  # below this, zeroing by writing beats dropping the pages
 
 
 def _round_up(n: int) -> int:
@@ -68,16 +67,13 @@ class Payload:
         self.used += n
         return view
 
-    def wipe(self, upto: int | None = None) -> None:
-        """Zero the bytes used (or the first ``upto``); with no argument the buffer is empty
-        again."""
-        n = self.used if upto is None else min(upto, self.used)
-        if n <= ZERO_BY_WRITE:
-            self._map[:n] = bytes(n)
-        else:  # private anonymous pages dropped read back as zeros
-            self._map.madvise(mmap.MADV_DONTNEED, 0, _round_up(n))
-        if upto is None:
-            self.used = 0
+    def wipe(self) -> None:
+        """Zero every byte used, and start again from the beginning. Private anonymous pages
+        dropped read back as zeros: one system call, whatever the size, and pages that were
+        reserved but never written (most of the output buffers) are not touched."""
+        if self.used:
+            self._map.madvise(mmap.MADV_DONTNEED, 0, _round_up(self.used))
+        self.used = 0
 
 
 def receive(sock: socket.socket, buffer: Payload, room: int) -> dict[str, Any] | None:
