@@ -43,7 +43,11 @@ class Payload:
 
     @staticmethod
     def _new(size: int) -> mmap.mmap:
-        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        # Small pages: a huge page here would be copied whole (2 MiB) when the zygote writes
+        # output into it while a child shares it, and split by every wipe.
+        buffer.madvise(mmap.MADV_NOHUGEPAGE)
+        return buffer
 
     def reserve(self, needed: int) -> None:
         """Room for ``needed`` bytes from an empty buffer; a larger mapping if it lacks it (the
