@@ -211,8 +211,13 @@ def timeout_sleep(_: random.Random, __: Context) -> Item:
 # ----------------------------------------------------------------- adversarial
 
 
+# Refused at once, far beyond the limit: the program's own MemoryError (error) in the service,
+# which sees no memory used (executor/judge.py); memory_limit where stderr decides (naive).
+REFUSED = frozenset({"error", "memory_limit"})
+
+
 def bomb_bytearray(_: random.Random, __: Context) -> Item:
-    return fails("memory.bytearray", "b = bytearray(16 * 1024**3)", "memory_limit", None)
+    return Item("memory.bytearray", {"code": "b = bytearray(16 * 1024**3)"}, None, REFUSED)
 
 
 def bomb_list(_: random.Random, __: Context) -> Item:
@@ -222,7 +227,7 @@ def bomb_list(_: random.Random, __: Context) -> Item:
 
 def bomb_numpy(_: random.Random, __: Context) -> Item:
     code = f"{NUMPY}a = np.ones((1024, 1024, 1024))"
-    return fails("memory.numpy", code, "memory_limit", None, memory_mb=512)
+    return Item("memory.numpy", {"code": code, "memory_mb": 512}, None, REFUSED)
 
 
 def flood_stdout(_: random.Random, __: Context) -> Item:

@@ -1,29 +1,41 @@
 """The program that runs other programs: several cells in one sandboxed interpreter, then files.
 
 This module is not imported by the service; ``programs.py`` sends its source, compiled under
-the name ``<driver>``, as the code of an ordinary execution, with a spec (JSON, base64) saying
-what to do. Inside the confined child it:
+the name ``<driver>``, as the code of an ordinary execution, and the spec (JSON: the cells,
+each with its own stdin, a session's history to replay, the files to read back, the nonce) as
+that execution's stdin. Inside the confined child it splits in two processes:
 
-- runs each cell with the executor's own ``runner.run`` in one shared ``__main__`` namespace,
-  so tracebacks, exit codes and repl display are exactly those of a plain execution;
-- runs *silent* cells (a session's history, replayed) with stdout and stderr sent to
-  ``/dev/null`` and each cell's own recorded stdin, stopping at the first that fails;
-- can seed ``random`` and numpy first, so a replayed history draws the same numbers again;
-- can give each visible cell a time limit (``SIGALRM`` raises ``TimeoutError`` in it), and
-  collect what a notebook reports per cell: displayed values and the error;
-- reads the requested files from the working directory once the cells are done.
+- the **judge** (this process) forks the **kernel** before it reads a byte of the spec, then
+  makes itself undumpable, reads the spec, and hands the kernel one cell at a time. It alone
+  knows the nonce, the cells still to come, and what to report; it decides the exit status;
+- the **kernel** runs each cell in one shared ``__main__`` namespace with the executor's own
+  compile and exec, and tells the judge, before anything of the cell's can run again (its
+  exception's ``__str__``, a display's ``__repr__``), whether the cell raised. It does so with
+  functions it took hold of before the first cell ran, so a cell that replaces
+  ``runner.run``, ``builtins.exec``, ``os._exit`` or anything else it can name changes nothing
+  of how later cells are run and judged; and it never sees the nonce nor a later cell's code.
+
+Why (issue 21, class 6): in one process, a cell could find the driver and its nonce on the
+stack and wrap ``runner.run`` so that later failing cells (a grader's ``assert``) were answered
+ok, and a session replayed the patch on every call. What stays possible is what any code
+sharing an interpreter can do to code that runs after it: a thread, a child process or an
+audit hook an earlier cell left running, or ctypes writing into the interpreter, acts during
+later cells (docs/SECURITY.md).
 
 What it reports besides the cells' own output travels on stdout as ``NONCE json NONCE``
 events, and after each visible cell a bare ``NONCE`` marks the end of its stderr; the API
-splits the streams at the nonce (a fresh random one per request). Only the standard library
-and the runner are used: this runs after confinement, where nothing new can be installed.
+splits the streams at the nonce. Only the standard library and the executor are used: this
+runs after confinement, where nothing new can be installed.
 """
 
 from __future__ import annotations
 
+import ast
 import base64
+import builtins
 import io
 import json
+import marshal
 import os
 import signal
 import sys
@@ -51,27 +63,7 @@ def _flush() -> None:
             pass
 
 
-def _emit(nonce: bytes, event: dict[str, Any]) -> None:
-    _flush()
-    _write_all(1, nonce + json.dumps(event).encode() + nonce)
-
-
-class _Silenced:
-    """stdout and stderr (the descriptors, so C-level writes too) go to /dev/null."""
-
-    def __enter__(self) -> None:
-        _flush()
-        self.saved = (os.dup(1), os.dup(2))
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
-        os.dup2(null, 2)
-        os.close(null)
-
-    def __exit__(self, *exc: object) -> None:
-        _flush()
-        for fd, saved in zip((1, 2), self.saved, strict=True):
-            os.dup2(saved, fd)
-            os.close(saved)
+# ------------------------------------------------------------------ the kernel (cells run here)
 
 
 class _CellTimeout:
@@ -83,26 +75,15 @@ class _CellTimeout:
     def _fire(self, signum: int, frame: object) -> None:
         raise TimeoutError(f"cell exceeded its time limit of {self.seconds:g} s")
 
-    def __enter__(self) -> None:
-        if self.seconds > 0:
-            signal.signal(signal.SIGALRM, self._fire)
-            signal.setitimer(signal.ITIMER_REAL, self.seconds)
 
-    def __exit__(self, *exc: object) -> None:
-        if self.seconds > 0:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, signal.SIG_DFL)
-
-
-def _error_of(status: int) -> list[dict[str, Any]]:
+def _error_of(exc: BaseException | None, tb: Any, status: int) -> list[dict[str, Any]]:
     """The notebook's ``error`` list for a cell that ended with ``status``."""
-    exc = getattr(sys, "last_value", None)
     if exc is None:
         if status == 0:
             return []
         return [{"ename": "SystemExit", "evalue": str(status), "traceback": []}]
-    tb = traceback.format_exception(type(exc), exc, getattr(sys, "last_traceback", None))
-    return [{"ename": type(exc).__name__, "evalue": str(exc), "traceback": tb}]
+    lines = traceback.format_exception(type(exc), exc, tb)
+    return [{"ename": type(exc).__name__, "evalue": str(exc), "traceback": lines}]
 
 
 def _seed(seed: int) -> None:
@@ -121,6 +102,158 @@ def _fresh_main() -> dict[str, Any]:
     return main.__dict__
 
 
+def _describe(cell: dict[str, Any], status: int, raised: BaseException | None,
+              shown: list[Any]) -> dict[str, Any]:  # fmt: skip
+    """What a notebook shows of a cell (or the error of a replayed one), and the traceback on
+    stderr; runs the cell's own ``__repr__`` and ``__str__``, so only once the verdict is sent
+    (and the judge checks that an error is there when the verdict says so)."""
+    display: list[dict[str, str]] = []
+    error: list[dict[str, Any]] = []
+    try:
+        if isinstance(raised, SystemExit):  # sys.exit("why"): printed, as Python does
+            print(raised.code, file=sys.stderr)
+            raised = None
+        tb = raised.__traceback__ if raised is not None else None
+        # The kernel's own frame goes: the traceback starts at the cell's code (a syntax error
+        # has none), as for a plain execution.
+        tb = None if isinstance(raised, SyntaxError) else tb.tb_next if tb is not None else None
+        if raised is not None and not cell["silent"]:
+            traceback.print_exception(type(raised), raised, tb)
+        for value in shown:
+            if value is None:
+                continue
+            if cell["notebook"]:
+                display.append({"text/plain": repr(value)})
+            else:
+                print(repr(value))
+        if cell["notebook"] or cell["silent"]:
+            error = _error_of(raised, tb, status)
+    except BaseException as exc:  # the cell's own objects failed to show themselves
+        error = [{"ename": type(exc).__name__, "evalue": "", "traceback": []}]
+    return {"display": display, "error": error}
+
+
+# One function on purpose: what runs between a cell and its verdict must be this running
+# frame's own code, which no cell can replace (a helper's ``__code__`` could be).
+def _kernel(commands: int, reports: int) -> None:  # noqa: C901
+    """Run cells as the judge sends them (marshal, length first) until it closes the pipe;
+    never returns. Between reading a cell and sending its verdict the loop calls only C
+    functions it bound to its own locals before the first cell ran: nothing a cell can rebind
+    by name or give new code (a Python function's ``__code__`` can be replaced; a running
+    frame's cannot)."""
+    import ast
+    import linecache
+    import marshal
+
+    os.close(0)  # the spec: the judge's alone
+    exec_, eval_, compile_, float_, len_, type_, isinstance_, int_ = (
+        builtins.exec, builtins.eval, builtins.compile, builtins.float, builtins.len,
+        builtins.type, builtins.isinstance, builtins.int)  # fmt: skip
+    base_exc, system_exit, timeout_error, repr_ = BaseException, SystemExit, TimeoutError, repr
+    expr, expression, only_ast = ast.Expr, ast.Expression, ast.PyCF_ONLY_AST
+    read, write, loads, encode, from_bytes, exit_ = (
+        os.read, os.write, marshal.loads, str.encode, int.from_bytes, os._exit)  # fmt: skip
+    settrace, setprofile, set_signal, set_timer, alarm, real = (
+        sys.settrace, sys.setprofile, signal.signal, signal.setitimer, signal.SIGALRM,
+        signal.ITIMER_REAL)  # fmt: skip
+    dup, dup2, close, memfd, lseek, seek_set, text_io, file_io = (
+        os.dup, os.dup2, os.close, os.memfd_create, os.lseek, os.SEEK_SET, io.TextIOWrapper,
+        io.FileIO)  # fmt: skip
+    out, err, sys_, cache, devnull, describe = (
+        sys.stdout, sys.stderr, sys, linecache.cache, os.open(os.devnull, os.O_WRONLY),
+        _describe)  # fmt: skip
+    limit = [0.0]
+
+    def fire(signum: int, frame: object) -> None:
+        raise timeout_error(f"cell exceeded its time limit of {limit[0]:g} s")
+
+    namespace = _fresh_main()
+    while True:
+        size, cell = b"", None
+        while len_(size) < 4 and (chunk := read(commands, 4 - len_(size))):
+            size += chunk
+        if len_(size) < 4:
+            break
+        data, want = b"", from_bytes(size, "big")
+        while len_(data) < want and (chunk := read(commands, want - len_(data))):
+            data += chunk
+        cell = loads(data)
+        if cell.get("seed") is not None:  # before any cell has run
+            _seed(int(cell["seed"]))
+            continue
+        shown: list[Any] = []
+        raised: BaseException | None = None
+        stdin = memfd("stdin", 0)
+        write(stdin, encode(cell["stdin"], "utf-8", "surrogatepass"))
+        lseek(stdin, 0, seek_set)
+        dup2(stdin, 0)
+        close(stdin)
+        sys_.stdin = text_io(file_io(0, "r", closefd=False), encoding="utf-8")
+        code, mode, silent = cell["code"], cell["mode"], cell["silent"]
+        cache["<string>"] = (len_(code), None, code.splitlines(True), "<string>")
+        for stream in (out, err):  # the interpreter's own streams: C methods
+            try:
+                stream.flush()
+            except base_exc:
+                pass
+        saved = (dup(1), dup(2)) if silent else None
+        if saved is not None:
+            dup2(devnull, 1)
+            dup2(devnull, 2)
+        limit[0] = float_(cell["timeout"])
+        if limit[0] > 0:
+            set_signal(alarm, fire)
+            set_timer(real, limit[0])
+        settrace(None)
+        setprofile(None)
+        try:
+            last = None
+            if mode != "repl":
+                body = compile_(code, "<string>", "exec")
+            else:
+                tree = compile_(code, "<string>", "exec", only_ast)
+                final = tree.body[-1] if tree.body else None
+                if type_(final) is expr:
+                    tree.body.pop()
+                    last = compile_(expression(final.value), "<string>", "eval")  # type: ignore[union-attr]
+                body = compile_(tree, "<string>", "exec")
+            exec_(body, namespace)
+            if last is not None:
+                shown.append(eval_(last, namespace))
+            status = 0
+        except system_exit as exc:  # its code says how the cell ended, as runner._exit_code
+            value: Any = exc.code
+            status = 0 if value is None else (value & 0xFF if isinstance_(value, int_) else 1)
+            raised = None if value is None or isinstance_(value, int_) else exc
+        except base_exc as exc:
+            status, raised = 1, exc
+        settrace(None)
+        setprofile(None)
+        if limit[0] > 0:
+            set_timer(real, 0)
+        write(reports, encode(f"{status}\n"))  # the verdict, before the cell's objects speak
+        try:  # the description may run anything (a cell may even have rewritten _describe)
+            text = repr_(describe(cell, status, raised, shown))
+        except base_exc:
+            text = "{}"
+        for stream in (sys_.stdout, sys_.stderr, out, err):
+            try:
+                stream.flush()
+            except base_exc:
+                pass
+        if saved is not None:
+            for fd, kept in ((1, saved[0]), (2, saved[1])):
+                dup2(kept, fd)
+                close(kept)
+        pending = encode(text.replace("\n", " ") + "\n", "utf-8", "surrogatepass")
+        while pending:
+            pending = pending[write(reports, pending) :]
+    exit_(0)
+
+
+# ------------------------------------------------------------------ the judge
+
+
 def _fetch(paths: list[str]) -> dict[str, str]:
     files = {}
     for path in paths:
@@ -133,55 +266,107 @@ def _fetch(paths: list[str]) -> dict[str, str]:
     return files
 
 
-def _run_cell(
-    cell: dict[str, Any], namespace: dict[str, Any], notebook: bool, limit: float
-) -> tuple[int, dict[str, Any]]:
-    from sandbox_service.executor import runner
-
-    shown: list[dict[str, str]] = []
-    sys.last_type = sys.last_value = sys.last_traceback = None
-    stdin = cell.get("stdin")
-    real_stdin = sys.stdin
-    if stdin is not None:
-        sys.stdin = io.StringIO(stdin)
-    # A notebook shows a final expression as a display entry; other cells print its repr.
-    show = {"display": lambda value: shown.append({"text/plain": repr(value)})} if notebook else {}
+def _details(line: bytes) -> dict[str, Any]:
+    """The kernel's description of a cell (a Python literal), or an empty one: it is written
+    after the cell's objects ran, and may be anything."""
+    empty: dict[str, Any] = {"display": [], "error": []}
     try:
-        with _CellTimeout(limit):
-            status = runner.run(cell["code"], cell["mode"], namespace, **show)
-    finally:
-        sys.stdin = real_stdin
-    return status, {"display": shown, "error": _error_of(status) if notebook else []}
+        found = ast.literal_eval(line.decode("utf-8", "surrogatepass"))
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        return empty
+    if not isinstance(found, dict):
+        return empty
+    display = [d for d in found.get("display", []) if isinstance(d, dict)]
+    error = [e for e in found.get("error", []) if isinstance(e, dict)]
+    return {"display": display, "error": error}
 
 
-def _replay(cells: list[dict[str, Any]], namespace: dict[str, Any], nonce: bytes) -> bool:
-    for index, cell in enumerate(cells):
-        with _Silenced():
-            status, _ = _run_cell(cell, namespace, False, 0)
-        if status != 0:
-            [error] = _error_of(status)
-            _emit(nonce, {"replay_failed": index, "error": f"{error['ename']}: {error['evalue']}"})
-            return False
-    return True
+class _Kernel:
+    """The judge's end of the kernel: send a cell, read how it ended."""
+
+    def __init__(self) -> None:
+        to_kernel, self.commands = os.pipe()
+        self.reports, from_kernel = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(self.commands)
+            os.close(self.reports)
+            try:
+                _kernel(to_kernel, from_kernel)
+            finally:
+                os._exit(1)
+        os.close(to_kernel)
+        os.close(from_kernel)
+        self.lines = open(self.reports, "rb", buffering=0)  # noqa: SIM115 (lives as long)
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = marshal.dumps(message)
+        _write_all(self.commands, len(data).to_bytes(4, "big") + data)
+
+    def run(self, cell: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
+        """(status, report); status None if the kernel ended without saying (its own exit)."""
+        self.send(cell)
+        verdict = self.lines.readline()
+        if not verdict.strip().lstrip(b"-").isdigit():
+            return None, {"display": [], "error": []}
+        return int(verdict), _details(self.lines.readline())
+
+    def ended(self) -> int:
+        """Wait for the kernel; the status a plain execution would have ended with."""
+        _, status = os.waitpid(self.pid, 0)
+        if os.WIFSIGNALED(status):  # end as it did, so that the zygote judges the signal
+            sig = os.WTERMSIG(status)
+            signal.signal(sig, signal.SIG_DFL)
+            _flush()
+            os.kill(os.getpid(), sig)
+        return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
 
 
-def main(spec_b64: str) -> None:
-    """Run the spec; exit with the last visible cell's status (0 for a notebook)."""
-    spec = json.loads(base64.b64decode(spec_b64))
+def _emit(nonce: bytes, event: dict[str, Any]) -> None:
+    _write_all(1, nonce + json.dumps(event).encode() + nonce)
+
+
+def _checked(status: int, report: dict[str, Any]) -> dict[str, Any]:
+    """A report that agrees with the verdict: the kernel's description of a cell is written
+    after the cell's own objects had their say, so the judge does not take an empty error
+    list for a cell that failed."""
+    if status != 0 and not report.get("error"):
+        why = {"ename": "Error", "evalue": f"the cell ended with status {status}", "traceback": []}
+        return {**report, "error": [why]}
+    return report if status != 0 else {**report, "error": []}
+
+
+def main() -> None:
+    """Judge the spec's cells; exit with the last visible cell's status (0 for a notebook)."""
+    kernel = _Kernel()
+    from sandbox_service.executor import isolation
+
+    isolation.set_dumpable(False)  # its memory and descriptors: not the kernel's to read
+    spec = json.loads(sys.stdin.buffer.read())
     nonce = spec["nonce"].encode()
     notebook = bool(spec.get("notebook"))
-    namespace = _fresh_main()
     if spec.get("seed") is not None:
-        _seed(int(spec["seed"]))
+        kernel.send({"seed": spec["seed"]})
+    for index, cell in enumerate(spec.get("replay", [])):
+        status, report = kernel.run({**cell, "silent": True, "notebook": False, "timeout": 0.0})
+        if status != 0:
+            [error] = _checked(status or 1, report)["error"][:1]
+            _emit(
+                nonce,
+                {"replay_failed": index, "error": f"{error.get('ename')}: {error.get('evalue')}"},
+            )
+            os._exit(1)
     status = 0
-    if not _replay(spec.get("replay", []), namespace, nonce):
-        _flush()
-        os._exit(1)
+    timeout = float(spec.get("cell_timeout_s", 0))
     for index, cell in enumerate(spec["cells"]):
-        status, report = _run_cell(cell, namespace, notebook, float(spec.get("cell_timeout_s", 0)))
-        _emit(nonce, {"cell": index, "status": status, **report})
+        visible = {**cell, "silent": False, "notebook": notebook, "timeout": timeout}
+        ran, report = kernel.run(visible)
+        if ran is None:  # the kernel ended in this cell without finishing it: never ok
+            _flush()
+            os._exit(kernel.ended() or 1)
+        status = ran
+        _emit(nonce, {"cell": index, "status": status, **_checked(status, report)})
         _write_all(2, nonce)
     if spec.get("fetch"):
         _emit(nonce, {"files": _fetch(spec["fetch"])})
-    _flush()
     os._exit(0 if notebook else status)

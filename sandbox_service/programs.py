@@ -3,13 +3,14 @@
 Three features need more than one plain execution gives: files read back after the program
 (SandboxFusion's ``fetch_files``), notebook cells reported one by one (``/run_jupyter``), and
 a session's earlier cells replayed before a new one (``session_id``). Each is one ordinary
-execution of the driver (``driver.py``) with a spec; nothing in the executor, the queue or the
+execution of the driver (``driver.py``): its code is the driver alone, its stdin the spec
+(cells, each with its own stdin, and the nonce), which the driver reads only once the cells'
+process is forked off, so no cell ever holds it. Nothing in the executor, the queue or the
 workers knows about them, so they work unchanged on every worker of every node.
 """
 
 from __future__ import annotations
 
-import base64
 import inspect
 import json
 import secrets
@@ -31,7 +32,22 @@ def new_nonce() -> str:
 class Cell:
     code: str
     mode: str = "script"
-    stdin: str | None = None  # None: the execution's own stdin
+    stdin: str = ""
+
+
+@dataclass(frozen=True)
+class Program:
+    """What one driver execution is sent: ``code`` and ``stdin`` of an ordinary request."""
+
+    code: str
+    stdin: str
+
+
+DRIVER_CODE = (
+    "_driver = {'__name__': 'sandbox_driver'}\n"
+    f"exec(compile({DRIVER_SOURCE!r}, '<driver>', 'exec'), _driver)\n"
+    "_driver['main']()\n"
+)
 
 
 def program(
@@ -43,8 +59,8 @@ def program(
     notebook: bool = False,
     cell_timeout_s: float = 0.0,
     seed: int | None = None,
-) -> str:
-    """The code of one execution that runs the driver with this spec."""
+) -> Program:
+    """The code and stdin of one execution that runs the driver with this spec."""
     spec = {
         "nonce": nonce,
         "cells": [c.__dict__ for c in cells],
@@ -54,12 +70,7 @@ def program(
         "cell_timeout_s": cell_timeout_s,
         "seed": seed,
     }
-    encoded = base64.b64encode(json.dumps(spec).encode()).decode()
-    return (
-        "_driver = {'__name__': 'sandbox_driver'}\n"
-        f"exec(compile({DRIVER_SOURCE!r}, '<driver>', 'exec'), _driver)\n"
-        f"_driver['main']({encoded!r})\n"
-    )
+    return Program(DRIVER_CODE, json.dumps(spec))
 
 
 def _event(text: str) -> dict[str, Any] | None:

@@ -198,11 +198,15 @@ class Sessions:
         self, queue: Queue, tenant: Tenant, session: Session, request: ExecuteRequest
     ) -> ExecuteResult:
         nonce = _nonce(session.id, request.id)
-        code = program(
-            [Cell(request.code, request.mode.value)], nonce, replay=session.cells, seed=session.seed
+        driver = program(
+            [Cell(request.code, request.mode.value, request.stdin)],
+            nonce,
+            replay=session.cells,
+            seed=session.seed,
         )
         files = merge_files(session.files, request.files)
-        wrapped = request.model_copy(update={"code": code, "mode": Mode.script, "files": files})
+        update = {"code": driver.code, "stdin": driver.stdin, "mode": Mode.script, "files": files}
+        wrapped = request.model_copy(update=update)
         try:
             [result] = await queue.submit([wrapped], tenant)
         except QueueFull as exc:  # never ran: the client may send it again

@@ -48,7 +48,7 @@ from sandbox_service.models import (
     JsonInt,
     Mode,
 )
-from sandbox_service.programs import Cell, Driven, new_nonce, program
+from sandbox_service.programs import Cell, Driven, Program, new_nonce, program
 from sandbox_service.programs import parse as parse_driven
 from sandbox_service.queue.base import QueueFull, QueueUnavailable
 
@@ -157,12 +157,12 @@ def _busy(request: Request, exc: Exception) -> Response:
 
 
 async def _execute(
-    request: Request, native: ExecuteRequest, wrapped: str | None, nonce: str
+    request: Request, native: ExecuteRequest, wrapped: Program | None, nonce: str
 ) -> tuple[ExecuteResult, Driven] | Response:
     """Run ``native`` (as the driver program ``wrapped``, when given) and take its output
     apart; a Response when the queue cannot take it."""
     if wrapped is not None:  # limits were checked on the caller's code, not on the driver
-        native = native.model_copy(update={"code": wrapped})
+        native = native.model_copy(update={"code": wrapped.code, "stdin": wrapped.stdin})
     try:
         [result] = await request.app.state.runtime.queue.submit([native], tenant_of(request))
     except (QueueFull, QueueUnavailable) as exc:
@@ -213,7 +213,9 @@ async def run_code(request: Request) -> Response:
         return json_response(RunCodeResponse(status="SandboxError", message=str(exc)))
     nonce = new_nonce()
     wrapped = (
-        program([Cell(body.code)], nonce, fetch=body.fetch_files) if body.fetch_files else None
+        program([Cell(body.code, "script", native.stdin)], nonce, fetch=body.fetch_files)
+        if body.fetch_files
+        else None
     )
     ran = await _execute(request, native, wrapped, nonce)
     if isinstance(ran, Response):

@@ -3,8 +3,9 @@
 Runs after confinement, inside the forked child. Output, tracebacks and exit codes match
 ``python -c CODE`` (filename ``<string>``), except that tracebacks also show the source
 lines. ``repl`` mode prints the repr of a final expression, as IPython and the rStar2 tool do.
-The only thing reported besides stdout, stderr and the exit status is whether an uncaught
-``MemoryError`` ended the program, written to the status descriptor.
+Nothing is reported besides stdout, stderr and the exit status: the status descriptor, the
+setup's channel to the zygote, is closed before the first line of user code runs, so whatever
+the program writes or does, the verdict is the parent's (``judge.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from collections.abc import Callable
 
 FILENAME = "<string>"
 STATUS_FD = 3
-MEMORY_ERROR = b"memory_error\n"
 
 
 def _fresh_main() -> dict:
@@ -90,11 +90,6 @@ def run(
     except SystemExit as exc:
         return _exit_code(exc)
     except BaseException as exc:  # the program's own error: report it as Python does
-        if isinstance(exc, MemoryError):
-            try:
-                os.write(STATUS_FD, MEMORY_ERROR)
-            except OSError:
-                pass
         tb = exc.__traceback__
         # Drop this function's frame so the traceback starts at the user's code.
         tb = tb.tb_next if tb is not None and not isinstance(exc, SyntaxError) else tb
@@ -144,8 +139,15 @@ def environment(workdir: str) -> dict[str, str]:
     }
 
 
+def close_setup_channel() -> None:
+    """From here on nothing the process writes reaches the zygote but its output: a status
+    written after this would be the program's word, not the service's."""
+    os.close(STATUS_FD)
+
+
 def main(code: str, mode: str, workdir: str) -> None:
     reset_interpreter(workdir)
+    close_setup_channel()
     status = run(code, mode)
     _flush()
     os._exit(status)

@@ -1,20 +1,17 @@
-"""The parent's side of one execution: the pipes, the timer, the capped output, the verdict.
+"""The parent's side of one execution: the pipes, the timer, the capped output.
 
 The zygote forks a child and hands the rest to this module: wait until the child exits,
-runs out of wall-clock time, or writes more than the output cap; drain what is left once
-every writer is dead; and turn the wait status into the service's status vocabulary.
+runs out of wall-clock time, or writes more than the output cap; and drain what is left once
+every writer is dead. ``judge.py`` turns what was seen into the service's status vocabulary.
 """
 
 from __future__ import annotations
 
 import os
 import select
-import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-
-from sandbox_service.executor import runner
+from dataclasses import dataclass
 
 SETUP_ERROR = b"setup_error:"
 SAMPLE_S = 0.05  # how often the tree's memory is sampled where no cgroup limits it
@@ -32,7 +29,7 @@ class Pipes:
     st_w: int
 
     @classmethod
-    def open(cls, stdin: bytes) -> Pipes:
+    def open(cls, stdin: bytes | memoryview) -> Pipes:
         fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
         if stdin:
             os.write(fd, stdin)
@@ -53,21 +50,24 @@ class Pipes:
 
 @dataclass
 class Capture:
-    """Output of one stream, capped."""
+    """Output of one stream, capped, read straight into ``buffer`` (``cap`` + 1 bytes, part of
+    the zygote's payload buffer: no copy of it is left in the heap)."""
 
     cap: int
-    data: bytearray = field(default_factory=bytearray)
+    buffer: memoryview
+    length: int = 0
     truncated: bool = False
 
-    def add(self, chunk: bytes) -> None:
-        room = self.cap - len(self.data)
-        if len(chunk) > room:
-            self.truncated = True
-            chunk = chunk[: max(room, 0)]
-        self.data += chunk
+    @classmethod
+    def of(cls, cap: int) -> Capture:
+        """A capture with a buffer of its own (outside a zygote)."""
+        return cls(cap, memoryview(bytearray(cap + 1)))
+
+    def data(self) -> memoryview:
+        return self.buffer[: self.length]
 
     def text(self) -> str:
-        return self.data.decode("utf-8", errors="replace")
+        return self.data().tobytes().decode("utf-8", errors="replace")
 
 
 @dataclass
@@ -82,11 +82,14 @@ class Watch:
 def _read_into(fd: int, capture: Capture) -> bool:
     """Read what is there; False at end of file or when nothing more is there now."""
     try:
-        chunk = os.read(fd, 65536)
+        n = os.readv(fd, [capture.buffer[capture.length :]])
     except BlockingIOError:
         return False
-    capture.add(chunk)
-    return bool(chunk)
+    capture.length += n
+    if capture.length > capture.cap:
+        capture.truncated = True
+        capture.length = capture.cap
+    return bool(n)
 
 
 def _take(fd: int, pidfd: int, alarm: int | None, streams: dict[int, Capture],
@@ -143,28 +146,3 @@ def drain(streams: dict[int, Capture]) -> None:
         os.set_blocking(fd, False)
         while not capture.truncated and _read_into(fd, capture):
             pass
-
-
-def verdict(status: int, seen: Watch, outputs: list[Capture], note: bytes, timeout_s: float,
-            ) -> tuple[str, int | None, int | None, str]:  # fmt: skip
-    """(status, exit_code, signal, message) from how the child ended."""
-    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-    if note.startswith(SETUP_ERROR):
-        return "internal_error", code, sig, note.decode(errors="replace").strip()
-    if seen.reason == "timeout":
-        return "timeout", code, sig, f"wall-clock limit of {timeout_s:g} s exceeded"
-    if seen.reason == "output" or any(c.truncated for c in outputs):
-        cap = outputs[0].cap
-        return "output_limit", code, sig, f"output exceeded {cap} bytes per stream"
-    if sig == signal.SIGXCPU:
-        return "timeout", code, sig, "CPU-time limit exceeded"
-    if sig == signal.SIGKILL:
-        return "killed", code, sig, "killed by SIGKILL that no limit sent"
-    if sig is not None:
-        return "error", code, sig, f"terminated by {signal.Signals(sig).name}"
-    if code == 0:
-        return "ok", code, sig, ""
-    if runner.MEMORY_ERROR in note:
-        return "memory_limit", code, sig, "MemoryError: address-space limit reached"
-    return "error", code, sig, ""

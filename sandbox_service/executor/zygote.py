@@ -21,6 +21,7 @@ import gc
 import json
 import math
 import os
+import resource
 import signal
 import socket
 import sys
@@ -31,7 +32,9 @@ from typing import Any
 
 from sandbox_service.executor import (
     ipc,
+    judge,
     memory,
+    payload,
     pidns,
     protocol,
     runner,
@@ -310,16 +313,37 @@ def _write_files(files: dict[str, str]) -> None:
             f.write(base64.b64decode(data))
 
 
+def cpu_limit_s(timeout_s: float) -> int:
+    """RLIMIT_CPU of each process of an execution: a backstop past the wall-clock limit."""
+    return math.ceil(timeout_s) + 1
+
+
+def _tree_cpu_s() -> float:
+    """CPU seconds of every child this process has reaped so far (kernel accounting)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _decode_request(req: dict[str, Any], buffer: payload.Payload) -> tuple[str, dict[str, str]]:
+    """The code and files of ``req``, decoded in the child's own memory; then the child's copy
+    of the zygote's buffer is zeroed, so that nothing forked off user code finds the request
+    there (a driver's spec travels on stdin: ``driver.py``)."""
+    code = bytes(req["code"]).decode("utf-8", "surrogatepass")
+    files = protocol.decode_payload("files", bytes(req["files"])) if "files" in req else {}
+    buffer.wipe()
+    return code, files or {}
+
+
 def child(req: dict[str, Any], cfg: ZygoteConfig, conf: Confinement, pipes: supervise.Pipes,
-          workdir: str, zygote_pid: int) -> None:  # fmt: skip
+          workdir: str, zygote_pid: int, buffer: payload.Payload) -> None:  # fmt: skip
     """Confine this freshly forked process (descriptors already in place) and run the program;
     never returns."""
+    code, files = _decode_request(req, buffer)
     uid = cfg.uid if conf.uid and cfg.uid is not None else os.getuid()
     gid = (cfg.gid if cfg.gid is not None else uid) if conf.uid else os.getgid()
-    timeout = float(req["timeout_s"])
     iso.set_limits(
         address_space=conf.base_address_space + int(req["memory_mb"]) * MIB,
-        cpu_seconds=math.ceil(timeout) + 1,
+        cpu_seconds=cpu_limit_s(float(req["timeout_s"])),
         file_size=cfg.max_file_mb * MIB,
         open_files=cfg.max_open_files,
         processes=cfg.max_processes if conf.uid else conf.shared_process_limit,
@@ -333,11 +357,11 @@ def child(req: dict[str, Any], cfg: ZygoteConfig, conf: Confinement, pipes: supe
     if os.getppid() != zygote_pid:
         os._exit(SETUP_FAILED)
     os.chdir(workdir)
-    _write_files(req.get("files") or {})
+    _write_files(files)
     if conf.filter is not None:
         iso.no_new_privs()
         conf.filter.load()
-    runner.main(req["code"], req.get("mode", "script"), workdir)
+    runner.main(code, req.get("mode", "script"), workdir)
 
 
 def make_work_root(path: str) -> None:
@@ -364,9 +388,12 @@ def slot_dir(cfg: ZygoteConfig) -> str:
 
 
 class Zygote:
-    def __init__(self, cfg: ZygoteConfig, conf: Confinement) -> None:
+    def __init__(self, cfg: ZygoteConfig, conf: Confinement, base_rss: int = 0,
+                 buffer: payload.Payload | None = None) -> None:  # fmt: skip
         self.cfg = cfg
         self.conf = conf
+        self.payload = buffer or payload.Payload(self.result_room)
+        self.base_rss = base_rss  # what a child's resident memory starts from
         self.pid = os.getpid()
         # In a pid namespace every zygote is pid 1: a random tag names its run directories.
         self.run_tag = os.urandom(4).hex() if pidns.inside() else str(self.pid)
@@ -379,6 +406,19 @@ class Zygote:
             mq_fd=conf.mq_fd,
         )  # fmt: skip
         self.unclean: str | None = None  # why the last reset failed: the zygote is recycled
+
+    @property
+    def result_room(self) -> int:
+        """What a result needs of the payload buffer: both output streams, one byte over."""
+        return 2 * (self.cfg.max_output_bytes + 1)
+
+    def receive(self, sock: socket.socket) -> dict[str, Any] | None:
+        """The next request, its payload in the buffer; a larger buffer is a larger address
+        space in every child, which the limit then leaves out as it does the interpreter."""
+        size = self.payload.size
+        message = payload.receive(sock, self.payload, self.result_room)
+        self.conf.base_address_space += self.payload.size - size
+        return message
 
     def _workdir(self) -> str:
         if self.conf.mount:
@@ -409,7 +449,7 @@ class Zygote:
             os.dup2(pipes.st_w, runner.STATUS_FD)
             os.closerange(runner.STATUS_FD + 1, 1 << 16)
             try:
-                child(req, self.cfg, self.conf, pipes, workdir, self.pid)
+                child(req, self.cfg, self.conf, pipes, workdir, self.pid, self.payload)
             except BaseException as exc:
                 try:
                     msg = f"{SETUP_ERROR.decode()} {type(exc).__name__}: {exc}"
@@ -436,15 +476,19 @@ class Zygote:
         self.runs += 1
         timeout_s = float(req["timeout_s"])
         workdir = self._workdir()
-        pipes = supervise.Pipes.open(req.get("stdin", "").encode())
+        pipes = supervise.Pipes.open(req.get("stdin", b""))
         if self.conf.cgroup is not None:
             self.conf.cgroup.begin(int(req["memory_mb"]))
+        cpu_before = _tree_cpu_s()
         start = time.monotonic()
         pid = self._fork(req, pipes, workdir)
         pipes.close_child_ends()
         pidfd = os.pidfd_open(pid)
         cap = self.cfg.max_output_bytes
-        streams = {pipes.out_r: supervise.Capture(cap), pipes.err_r: supervise.Capture(cap)}
+        streams = {
+            pipes.out_r: supervise.Capture(cap, self.payload.take(cap + 1)),
+            pipes.err_r: supervise.Capture(cap, self.payload.take(cap + 1)),
+        }
         try:
             cgroup = self.conf.cgroup
             sampler = memory.TreeSampler(int(req["memory_mb"])) if cgroup is None else None
@@ -464,17 +508,29 @@ class Zygote:
             pipes.close_parent_ends()
             self._reset_workdir(workdir)
         out, err = streams[pipes.out_r], streams[pipes.err_r]
-        verdict_, code, sig, message = supervise.verdict(status, seen, [out, err], note, timeout_s)
+        tree_cpu = _tree_cpu_s() - cpu_before
+        observed = judge.Observed(
+            wait_status=status,
+            watch=seen,
+            setup_note=note,
+            tree_cpu_s=tree_cpu,
+            cpu_limit_s=cpu_limit_s(timeout_s),
+            peak_rss_bytes=usage.ru_maxrss * 1024,
+            base_rss_bytes=self.base_rss,
+            memory_mb=int(req["memory_mb"]),
+            timeout_s=timeout_s,
+        )
+        verdict_, code, sig, message = judge.verdict(observed, [out, err])
         result = {
             "status": verdict_,
             "exit_code": code,
             "signal": sig,
-            "stdout": out.text(),
-            "stderr": err.text(),
+            "stdout": out.data(),  # sent from the payload buffer, never copied into the heap
+            "stderr": err.data(),
             "stdout_truncated": out.truncated,
             "stderr_truncated": err.truncated,
             "wall_time_s": round(seen.end - start, 6),
-            "cpu_time_s": round(usage.ru_utime + usage.ru_stime, 6),
+            "cpu_time_s": round(tree_cpu, 6),
             "peak_memory_mb": round(usage.ru_maxrss / 1024, 3),
             "message": message,
         }
@@ -483,7 +539,7 @@ class Zygote:
 
 def serve(sock: socket.socket, zygote: Zygote) -> None:
     while True:
-        msg = protocol.recv(sock)
+        msg = zygote.receive(sock)
         if msg is None or msg.get("op") == "exit":
             return
         try:
@@ -496,6 +552,8 @@ def serve(sock: socket.socket, zygote: Zygote) -> None:
             why = zygote.unclean or result.get("message") or "could not clean up"
             print(f"zygote of slot {zygote.cfg.slot}: recycled: {why}", file=sys.stderr)
         protocol.send(sock, result)
+        del msg, result  # their views into the payload buffer
+        zygote.payload.wipe()
         if zygote.dirty:
             return  # go-judge's rule: never reuse an environment that failed to reset
 
@@ -531,6 +589,7 @@ def main(argv: list[str]) -> None:
     gc.collect()
     gc.freeze()  # children's collections then leave the preloaded objects (and their pages) alone
     huge_mb = iso.collapse_heap_into_huge_pages()
+    buffer = payload.Payload(2 * (cfg.max_output_bytes + 1))  # before the address space is read
     mem = iso.memory_status()
     conf.base_address_space = mem.get("VmSize", 0)
     if not conf.uid:
@@ -548,7 +607,7 @@ def main(argv: list[str]) -> None:
             "cgroup": conf.cgroup.path if conf.cgroup is not None else None,
         },
     )
-    serve(sock, Zygote(cfg, conf))
+    serve(sock, Zygote(cfg, conf, base_rss=mem.get("VmRSS", 0), buffer=buffer))
 
 
 if __name__ == "__main__":

@@ -148,7 +148,10 @@ def _bridge(cfg: ZygoteConfig, runtime: str = "runc") -> subprocess.Popen[bytes]
 
 def _read_frame(stream: Any) -> dict[str, Any]:
     size = int.from_bytes(stream.read(4), "big")
-    return json.loads(stream.read(size))
+    message: dict[str, Any] = json.loads(stream.read(size))
+    for name, length in protocol.payload_sizes(message):
+        message[name] = protocol.decode_payload(name, stream.read(length))
+    return message
 
 
 def test_bridge_speaks_frames_for_a_real_zygote(tmp_path: Any) -> None:

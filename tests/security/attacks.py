@@ -10,9 +10,11 @@ does not depend on how each one is stopped.
 from __future__ import annotations
 
 import platform
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sandbox_service.client import SandboxClient
 from sandbox_service.models import ExecuteResult, Status
 
 
@@ -36,6 +38,18 @@ class Attack:
     timeout_s: float = 5.0
     memory_mb: int = 1024
     tags: frozenset[str] = field(default_factory=frozenset)
+    # Cells run first in a fresh session, then ``code`` in it (a session's history attacks).
+    session: tuple[str, ...] = ()
+
+    def run(self, client: SandboxClient, target: Target) -> ExecuteResult:
+        """Send the attack as its tests and the report do."""
+        limits = {"timeout_s": self.timeout_s, "memory_mb": self.memory_mb}
+        if not self.session:
+            return client.execute(self.code(target), **limits)
+        session = f"attack-{secrets.token_hex(6)}"
+        for cell in self.session:
+            client.execute(cell, session_id=session, **limits)
+        return client.execute(self.code(target), session_id=session, **limits)
 
 
 def probe(body: str) -> str:
@@ -442,9 +456,9 @@ RESOURCES = [
     Attack(
         "numpy memory bomb",
         "resources",
-        "memory_limit",
+        "refused at once: the program's MemoryError",
         _c("import numpy as np\na = np.ones(10**10)"),
-        status_is(Status.memory_limit),
+        lambda r: r.status is Status.error and "MemoryError" in r.stderr,
     ),
     Attack(
         "mmap bomb",
@@ -663,4 +677,66 @@ ISSUE_21 = [
     ),
 ]
 
-ALL: list[Attack] = NETWORK + FILES + PROCESSES + RESOURCES + NATIVE + ISSUE_21
+# Issue 21, classes 4 and 6 (more variants, and class 5, which needs two executions on one
+# zygote: test_verdict.py, test_driver.py, test_memory_leftovers.py).
+VERDICT = [
+    Attack(
+        "forge setup_error on the status pipe",
+        "verdict",
+        "error (the pipe is closed), not internal_error",
+        _c("import os\nos.write(3, b'setup_error: forged')\n1/0"),
+        status_is(Status.error),
+    ),
+    Attack(
+        "forge memory_error on the status pipe",
+        "verdict",
+        "error, not memory_limit",
+        _c("import os\nos.write(3, b'memory_error\\n')\nraise SystemExit(1)"),
+        status_is(Status.error),
+    ),
+    Attack(
+        "SIGXCPU to itself after 7 ms",
+        "verdict",
+        "error, not timeout (the tree's CPU is far below the limit)",
+        _c("import os, signal, time\ntime.sleep(0.007)\nos.kill(os.getpid(), signal.SIGXCPU)"),
+        status_is(Status.error),
+    ),
+    Attack(
+        "SIGKILL to itself",
+        "verdict",
+        "error, not killed or memory_limit",
+        _c("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"),
+        status_is(Status.error),
+    ),
+    Attack(
+        "a MemoryError it raised itself",
+        "verdict",
+        "error, not memory_limit (no memory was used)",
+        _c("raise MemoryError('fake')"),
+        status_is(Status.error),
+    ),
+    Attack(
+        "a session cell that wraps runner.run",
+        "verdict",
+        "a later failing cell is still error",
+        _c("assert 6 * 7 == 41"),
+        status_is(Status.error),
+        session=(
+            "from sandbox_service.executor import runner\nreal = runner.run\n"
+            "runner.run = lambda *a, **k: (real(*a, **k), 0)[1]\n",
+        ),
+    ),
+    Attack(
+        "a session cell that patches builtins and os._exit",
+        "verdict",
+        "a later failing cell is still error",
+        _c("raise ValueError('fails')"),
+        status_is(Status.error),
+        session=(
+            "import builtins, os\nbuiltins.exec = lambda *a, **k: None\n"
+            "real = os._exit\nos._exit = lambda status: real(0)\n",
+        ),
+    ),
+]
+
+ALL: list[Attack] = NETWORK + FILES + PROCESSES + RESOURCES + NATIVE + ISSUE_21 + VERDICT

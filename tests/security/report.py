@@ -43,8 +43,7 @@ def run_mode(mode: Mode) -> tuple[dict[str, str], dict[str, object]]:
             status = client.status()
             target = Target(service.port, service.process.pid, status.slots[0].pid or 0)
             for attack in ALL:
-                r = client.execute(attack.code(target), timeout_s=attack.timeout_s,
-                                   memory_mb=attack.memory_mb)  # fmt: skip
+                r = attack.run(client, target)
                 if attack.contained(r):
                     observed[attack.name] = f"contained ({r.status.value})"
                 else:

@@ -54,9 +54,7 @@ def test_attack_is_contained(attack: Attack, client: SandboxClient, target: Targ
         pytest.skip(f"needs {', '.join(missing)}, inactive here")
     if target.zygote_pid != client.status().slots[0].pid:
         pytest.fail("an attack killed or replaced the zygote")
-    result = client.execute(
-        attack.code(target), timeout_s=attack.timeout_s, memory_mb=attack.memory_mb
-    )
+    result = attack.run(client, target)
     assert attack.contained(result), (
         f"{attack.name}: expected {attack.expected}; got {result.status.value} "
         f"stdout={result.stdout[-300:]!r} stderr={result.stderr[-300:]!r}"

@@ -1,0 +1,86 @@
+"""The verdict of one execution, from what the zygote observed itself and nothing the program said.
+
+The program controls its own output, exit code and signals: it can print a traceback it never
+raised, exit 125, or send itself SIGXCPU or SIGKILL. None of that may turn into a status that
+says the service or one of its limits ended the run (``internal_error``, ``timeout``,
+``memory_limit``): trainers retry or mask those instead of penalising them, so a program that
+could claim them would forge its own reward. So each such status needs a fact the parent saw:
+
+- ``internal_error``: a setup failure, written on the status pipe before user code runs (the
+  child closes the pipe first thing after setup, see ``runner.close_setup_channel``);
+- ``timeout``: the zygote's own clock, or SIGXCPU with the tree's CPU time (the kernel's
+  accounting of every process reaped) at the CPU limit;
+- ``memory_limit``: the run failed and the tree's peak resident memory (the kernel's, from
+  ``wait4``) reached the limit; an allocation refused outright, far beyond the limit, never
+  takes memory the parent can see, and is the program's own ``MemoryError``: ``error``;
+- ``output_limit``: the zygote's own count of captured bytes.
+
+Anything else the program did to itself (a signal, an exit code) is ``error`` or ``ok``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+from sandbox_service.executor.supervise import SETUP_ERROR, Capture, Watch
+
+MIB = 1024 * 1024
+# The share of memory_mb above the zygote's own resident memory that counts as "reached": an
+# address-space limit stops a growing program one allocation short of it, and the zygote's
+# resident pages are not all mapped into the child.
+MEMORY_REACHED = 0.8
+CPU_REACHED = 0.99  # rusage is exact, the kernel checks RLIMIT_CPU per tick
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the zygote itself saw of one execution."""
+
+    wait_status: int
+    watch: Watch
+    setup_note: bytes  # what the child wrote before user code ran (empty once it ran)
+    tree_cpu_s: float  # CPU of every process of the execution that the zygote reaped
+    cpu_limit_s: float  # RLIMIT_CPU of each process
+    peak_rss_bytes: int  # the largest process's peak resident memory (wait4's ru_maxrss)
+    base_rss_bytes: int  # the zygote's own resident memory, which a child starts with
+    memory_mb: int  # the request's memory limit above the interpreter
+    timeout_s: float
+
+
+def memory_reached(seen: Observed) -> bool:
+    """The tree's peak memory reached the request's limit (kernel accounting, not a claim)."""
+    above_base = seen.peak_rss_bytes - seen.base_rss_bytes
+    return above_base >= MEMORY_REACHED * seen.memory_mb * MIB
+
+
+def _signalled(sig: int, seen: Observed) -> tuple[str, str]:
+    name = signal.Signals(sig).name
+    if sig == signal.SIGXCPU and seen.tree_cpu_s >= CPU_REACHED * seen.cpu_limit_s:
+        return "timeout", f"CPU-time limit of {seen.cpu_limit_s:g} s exceeded"
+    if sig == signal.SIGKILL and memory_reached(seen):
+        return "memory_limit", f"killed at the memory limit of {seen.memory_mb} MB"
+    return "error", f"terminated by {name} (not sent by the service)"
+
+
+def verdict(seen: Observed, outputs: list[Capture]) -> tuple[str, int | None, int | None, str]:
+    """(status, exit_code, signal, message) of one execution."""
+    status = seen.wait_status
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+    if seen.setup_note.startswith(SETUP_ERROR):
+        return "internal_error", code, sig, seen.setup_note.decode(errors="replace").strip()
+    if seen.watch.reason == "timeout":
+        return "timeout", code, sig, f"wall-clock limit of {seen.timeout_s:g} s exceeded"
+    if seen.watch.reason == "output" or any(c.truncated for c in outputs):
+        cap = outputs[0].cap
+        return "output_limit", code, sig, f"output exceeded {cap} bytes per stream"
+    if sig is not None:
+        judged, why = _signalled(sig, seen)
+        return judged, code, sig, why
+    if code == 0:
+        return "ok", code, sig, ""
+    if memory_reached(seen):
+        return "memory_limit", code, sig, f"memory limit of {seen.memory_mb} MB reached"
+    return "error", code, sig, ""

@@ -1,0 +1,59 @@
+"""After an attack: every zygote of every slot (full and light) still answers correctly.
+
+The light zygote runs programs that import only the standard library, the full one the rest;
+programs that overlap in time land on different slots. So a batch of overlapping programs of
+both kinds reaches them all, and the per-zygote execution counts prove that it did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from sandbox_service.client import Retry, SandboxClient
+from sandbox_service.launch import ServiceProcess, start
+from sandbox_service.models import Status
+
+LIGHT = "import time\ntime.sleep(0.3)\nprint(sum(range({n})))"
+FULL = "import numpy, time\ntime.sleep(0.3)\nprint(int(numpy.arange({n}).sum()))"
+# Placed on the full zygote (numpy) or the light one (standard library only).
+ZYGOTES = {"full": "import numpy\n", "light": ""}
+
+
+def assert_every_slot_answers(client: SandboxClient, after: str) -> None:
+    """Each zygote runs at least one program and answers it correctly; names ``after``."""
+    before = client.status()
+    zygotes = len(before.slots) + len(before.light_slots)
+    counts = {s.pid: s.executions for s in before.slots + before.light_slots}
+    for _ in range(5):  # slots are given out by whoever is free first: retry until all ran
+        n = len(before.slots)
+        codes = [LIGHT.format(n=100 + i) for i in range(n)] + [
+            FULL.format(n=100 + i) for i in range(n)
+        ]
+        results = client.execute_batch(codes)
+        for i, r in enumerate(results):
+            expected = f"{sum(range(100 + i % n))}\n"
+            assert r.status is Status.ok and r.stdout == expected, (
+                f"after {after!r}: a slot answered {r.status.value} {r.stdout!r} {r.stderr[-300:]!r}"
+            )
+        now = client.status()
+        ran = {s.pid for s in now.slots + now.light_slots if s.executions > counts.get(s.pid, 0)}
+        if len(ran) == zygotes:
+            return
+    raise AssertionError(f"after {after!r}: not every zygote could be reached ({ran})")
+
+
+def serve(tmp_path_factory: pytest.TempPathFactory, name: str, **settings: Any,
+          ) -> Iterator[ServiceProcess]:  # fmt: skip
+    """A service of this test module's own (2 slots unless told), stopped after it."""
+    settings = {"slots": 2, "max_timeout_s": 30, **settings}
+    svc = start(str(tmp_path_factory.mktemp(name) / "service.log"), **settings)
+    yield svc
+    svc.stop()
+
+
+def client_of(service: ServiceProcess) -> Iterator[SandboxClient]:
+    with SandboxClient(service.url, retry=Retry(attempts=1)) as c:
+        yield c

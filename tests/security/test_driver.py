@@ -1,0 +1,156 @@
+"""Issue 21, class 6: a cell cannot change how later cells are judged.
+
+In a session (the history is replayed before every new cell) and in ``/run_jupyter`` (cells run
+in one interpreter), each attack below is the first cell; the cells after it fail (a grader's
+``assert``, an exception) and must be answered as failures: ``error`` for a session call, a
+non-empty ``error`` for a notebook cell. The attacks go after what used to decide: the runner
+and the driver (by module, by frame, by function code), the builtins they call, the exit path,
+hooks, the nonce that frames the driver's reports, and the spec holding the later cells.
+After each, every slot still answers correctly.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from sandbox_service.client import SandboxClient
+from sandbox_service.launch import ServiceProcess
+from sandbox_service.models import Status
+from tests.security.every_slot import assert_every_slot_answers, client_of, serve
+
+ATTACKS = {
+    "wrap runner.run": (
+        "from sandbox_service.executor import runner\n"
+        "real = runner.run\n"
+        "def lenient(*args, **kwargs):\n"
+        "    real(*args, **kwargs)\n"
+        "    return 0\n"
+        "runner.run = lenient\n"
+    ),
+    "wrap runner.run found on the stack": (
+        "import sys\n"
+        "f = sys._getframe()\n"
+        "while f is not None:\n"
+        "    for scope in (f.f_globals, f.f_locals):\n"
+        "        for name, value in list(scope.items()):\n"
+        "            if name == 'runner' or getattr(value, '__name__', '') == 'sandbox_service.executor.runner':\n"
+        "                real = value.run\n"
+        "                value.run = lambda *a, _real=real, **k: (_real(*a, **k), 0)[1]\n"
+        "    f = f.f_back\n"
+    ),
+    "replace the code of every driver and runner function": (
+        "import gc, types\n"
+        "def zero(*args, **kwargs):\n"
+        "    return 0\n"
+        "for obj in gc.get_objects():\n"
+        "    if isinstance(obj, types.FunctionType) and obj.__code__.co_filename in (\n"
+        "            '<driver>',) or (isinstance(obj, types.FunctionType) and\n"
+        "            obj.__module__ == 'sandbox_service.executor.runner' and obj.__name__ in ('run', '_compile')):\n"
+        "        try:\n"
+        "            obj.__code__ = zero.__code__\n"
+        "        except (ValueError, TypeError):\n"
+        "            pass\n"
+    ),
+    "builtins exec, compile and eval": (
+        "import builtins\n"
+        "builtins.exec = lambda *a, **k: None\n"
+        "builtins.compile = lambda *a, **k: compile_('pass', '<x>', 'exec')\n"
+        "compile_ = compile\n"
+    ),
+    "os._exit always 0": ("import os\nreal = os._exit\nos._exit = lambda status: real(0)\n"),
+    "sys.excepthook and atexit exit 0": (
+        "import atexit, os, sys\n"
+        "sys.excepthook = lambda *a: os._exit(0)\n"
+        "atexit.register(lambda: os._exit(0))\n"
+    ),
+    "a trace function that skips every raising line": (
+        "import sys\n"
+        "def skip(frame, event, arg):\n"
+        "    if event == 'line' and frame.f_code.co_filename == '<string>':\n"
+        "        try:\n"
+        "            frame.f_lineno = frame.f_lineno + 1\n"
+        "        except ValueError:\n"
+        "            pass\n"
+        "    return skip\n"
+        "sys.settrace(skip)\n"
+    ),
+    "forge the driver's reports with its nonce": (
+        "import gc, json, sys\n"
+        "nonce = None\n"
+        "for obj in gc.get_objects():\n"
+        "    if isinstance(obj, dict) and isinstance(obj.get('nonce'), str):\n"
+        "        nonce = obj['nonce']\n"
+        "if nonce is None:\n"
+        "    for obj in gc.get_objects():\n"
+        "        if isinstance(obj, (bytes, str)) and len(obj) < 64:\n"
+        "            text = obj if isinstance(obj, str) else obj.decode('latin-1')\n"
+        "            if text.startswith('\\x00sbx-'):\n"
+        "                nonce = text\n"
+        "if nonce is not None:\n"
+        "    print('FOUND')\n"
+        "    for cell in range(1, 4):\n"
+        "        print(nonce + json.dumps({'cell': cell, 'status': 0, 'display': [], 'error': []}) + nonce, end='')\n"
+    ),
+    "rewrite the later cells in the spec": (
+        "import gc\n"
+        "for obj in gc.get_objects():\n"
+        "    if isinstance(obj, dict) and isinstance(obj.get('code'), str) and 'assert' in obj['code'] and obj.get('code') != __doc__:\n"
+        "        obj['code'] = 'pass'\n"
+        "        print('FOUND')\n"
+        "    if isinstance(obj, list) and obj and all(isinstance(c, dict) and 'code' in c for c in obj):\n"
+        "        for c in obj:\n"
+        "            if 'ASSERTED' in c['code']:\n"
+        "                c['code'] = 'pass'\n"
+        "                print('FOUND')\n"
+    ),
+    "a background thread that ends the kernel 0 mid-cell": (
+        "import os, threading, time\n"
+        "def later():\n"
+        "    time.sleep(1.5)\n"
+        "    os._exit(0)\n"
+        "threading.Thread(target=later, daemon=True).start()\n"
+    ),
+}
+LATER = ["assert 6 * 7 == 41, 'ASSERTED'", "raise ValueError('still fails')",
+         "import time\ntime.sleep(2)\nassert False, 'ASSERTED late'"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    yield from serve(tmp_path_factory, "driver")
+
+
+@pytest.fixture(scope="module")
+def client(service: ServiceProcess) -> Iterator[SandboxClient]:
+    yield from client_of(service)
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_a_session_cell_cannot_judge_the_next(client: SandboxClient, name: str) -> None:
+    session = f"judge-{secrets.token_hex(4)}"
+    first = client.execute(ATTACKS[name], session_id=session, timeout_s=20)
+    assert first.status is Status.ok, f"{name}: {first.status.value} {first.stderr[-300:]}"
+    assert "FOUND" not in first.stdout, f"{name}: the attack found what it looked for"
+    for code in LATER:
+        r = client.execute(code, session_id=session, timeout_s=20)
+        assert r.status is Status.error, f"{name}: {code!r} answered {r.status.value}"
+    ok = client.execute("print('fine')", session_id=session)
+    assert (ok.status, ok.stdout) == (Status.ok, "fine\n"), f"{name}: {ok}"
+    assert_every_slot_answers(client, f"session: {name}")
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_a_notebook_cell_cannot_judge_the_next(service: ServiceProcess, client: SandboxClient,
+                                               name: str) -> None:  # fmt: skip
+    body = {"cells": [ATTACKS[name], *LATER, "print('fine')"], "total_timeout": 25}
+    answer = httpx.post(f"{service.url}/run_jupyter", json=body, timeout=60).json()
+    cells = answer["cells"]
+    assert "FOUND" not in cells[0]["stdout"], f"{name}: the attack found what it looked for"
+    for later, cell in zip(LATER, cells[1:], strict=False):
+        assert cell["error"], f"{name}: the failing cell {later!r} was reported without error"
+    assert len(cells) <= len(LATER) + 2, f"{name}: forged cell reports {cells}"
+    assert_every_slot_answers(client, f"run_jupyter: {name}")
