@@ -308,11 +308,12 @@ def _engine_or_skip() -> Any:
     except Exception as exc:
         pytest.skip(f"no Docker engine answers here ({type(exc).__name__}): the docker "
                     "backend's end-to-end test needs one")  # fmt: skip
-    image = os.environ.get("SANDBOX_TEST_DOCKER_IMAGE", "sandbox-service:latest")
+    image = os.environ.get("SANDBOX_TEST_DOCKER_IMAGE", "sandbox-service:dev")
     try:
         client.images.get(image)
     except Exception:
-        pytest.skip(f"image {image} is not built: docker build -f deploy/Dockerfile -t {image} .")
+        pytest.skip(f"image {image} is not built: `make image` (or docker build -f "
+                    f"deploy/Dockerfile -t {image} .)")  # fmt: skip
     return image
 
 
