@@ -9,17 +9,18 @@ that execution's stdin. Inside the confined child it splits in two processes:
   makes itself undumpable, reads the spec, and hands the kernel one cell at a time. It alone
   knows the nonce, the cells still to come, and what to report; it decides the exit status;
 - the **kernel** runs each cell in one shared ``__main__`` namespace with the executor's own
-  compile and exec, and tells the judge, before anything of the cell's can run again (its
-  exception's ``__str__``, a display's ``__repr__``), whether the cell raised. It does so with
-  functions it took hold of before the first cell ran, so a cell that replaces
+  compile and exec, forking itself anew before each visible cell (so no thread an earlier
+  cell started runs during it), and tells the judge, before anything of the cell's can run
+  again (its exception's ``__str__``, a display's ``__repr__``), whether the cell raised. It
+  does so with functions it took hold of before the first cell ran, so a cell that replaces
   ``runner.run``, ``builtins.exec``, ``os._exit`` or anything else it can name changes nothing
   of how later cells are run and judged; and it never sees the nonce nor a later cell's code.
 
 Why (issue 21, class 6): in one process, a cell could find the driver and its nonce on the
 stack and wrap ``runner.run`` so that later failing cells (a grader's ``assert``) were answered
 ok, and a session replayed the patch on every call. What stays possible is what any code
-sharing an interpreter can do to code that runs after it: a thread, a child process or an
-audit hook an earlier cell left running, or ctypes writing into the interpreter, acts during
+sharing an interpreter can do to code that runs after it: a child process or an audit hook
+an earlier cell left running, or ctypes writing into the interpreter, acts during
 later cells (docs/SECURITY.md).
 
 What it reports besides the cells' own output travels on stdout as ``NONCE json NONCE``
@@ -33,6 +34,7 @@ from __future__ import annotations
 import ast
 import base64
 import builtins
+import contextlib
 import io
 import json
 import marshal
@@ -151,8 +153,9 @@ def _kernel(commands: int, reports: int) -> None:  # noqa: C901
         builtins.type, builtins.isinstance, builtins.int)  # fmt: skip
     base_exc, system_exit, timeout_error, repr_ = BaseException, SystemExit, TimeoutError, repr
     expr, expression, only_ast = ast.Expr, ast.Expression, ast.PyCF_ONLY_AST
-    read, write, loads, encode, from_bytes, exit_ = (
-        os.read, os.write, marshal.loads, str.encode, int.from_bytes, os._exit)  # fmt: skip
+    read, write, loads, encode, from_bytes, exit_, fork_, getpid_, listdir = (
+        os.read, os.write, marshal.loads, str.encode, int.from_bytes, os._exit, os.fork,
+        os.getpid, os.listdir)  # fmt: skip
     settrace, setprofile, set_signal, set_timer, alarm, real = (
         sys.settrace, sys.setprofile, signal.signal, signal.setitimer, signal.SIGALRM,
         signal.ITIMER_REAL)  # fmt: skip
@@ -169,6 +172,11 @@ def _kernel(commands: int, reports: int) -> None:  # noqa: C901
 
     namespace = _fresh_main()
     while True:
+        # Before reading the next cell: a thread an earlier cell started would run during it
+        # (and could read its token); only this thread goes on in a fork of this process, and
+        # the judge adopts it. No thread, no fork: the common case costs one listdir.
+        if len_(listdir("/proc/self/task")) > 1 and fork_():
+            exit_(0)
         size, cell = b"", None
         while len_(size) < 4 and (chunk := read(commands, 4 - len_(size))):
             size += chunk
@@ -181,6 +189,7 @@ def _kernel(commands: int, reports: int) -> None:  # noqa: C901
         if cell.get("seed") is not None:  # before any cell has run
             _seed(int(cell["seed"]))
             continue
+        token = cell["token"]  # what marks this cell's reports: stale lines are dropped
         shown: list[Any] = []
         raised: BaseException | None = None
         stdin = memfd("stdin", 0)
@@ -231,7 +240,8 @@ def _kernel(commands: int, reports: int) -> None:  # noqa: C901
         setprofile(None)
         if limit[0] > 0:
             set_timer(real, 0)
-        write(reports, encode(f"{status}\n"))  # the verdict, before the cell's objects speak
+        # The verdict, before the cell's objects speak; one write, so one line.
+        write(reports, encode(f"{token} {getpid_()} {status}\n"))
         try:  # the description may run anything (a cell may even have rewritten _describe)
             text = repr_(describe(cell, status, raised, shown))
         except base_exc:
@@ -245,7 +255,7 @@ def _kernel(commands: int, reports: int) -> None:  # noqa: C901
             for fd, kept in ((1, saved[0]), (2, saved[1])):
                 dup2(kept, fd)
                 close(kept)
-        pending = encode(text.replace("\n", " ") + "\n", "utf-8", "surrogatepass")
+        pending = encode(f"{token} " + text.replace("\n", " ") + "\n", "utf-8", "surrogatepass")
         while pending:
             pending = pending[write(reports, pending) :]
     exit_(0)
@@ -303,13 +313,36 @@ class _Kernel:
         data = marshal.dumps(message)
         _write_all(self.commands, len(data).to_bytes(4, "big") + data)
 
+    def _line(self, token: bytes) -> bytes | None:
+        """The next report line of the cell marked ``token`` (lines without it were written
+        by something else that holds the pipe: dropped); None at its end."""
+        while line := self.lines.readline():
+            if line.startswith(token + b" "):
+                return line[len(token) + 1 :]
+        return None
+
     def run(self, cell: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
         """(status, report); status None if the kernel ended without saying (its own exit)."""
-        self.send(cell)
-        verdict = self.lines.readline()
-        if not verdict.strip().lstrip(b"-").isdigit():
+        token = os.urandom(16).hex()  # (not secrets: its import costs ms per execution)
+        self.send({**cell, "token": token})
+        verdict = (self._line(token.encode()) or b"").split()
+        if len(verdict) != 2 or not verdict[0].isdigit() or not verdict[1].lstrip(b"-").isdigit():
             return None, {"display": [], "error": []}
-        return int(verdict), _details(self.lines.readline())
+        self.pid = int(verdict[0])  # the kernel that ran it (it forks away from threads)
+        return int(verdict[1]), _details(self._line(token.encode()) or b"")
+
+    def finish(self, status: int) -> None:
+        """Exit with ``status`` once the kernel has exited and been reaped (and every earlier
+        kernel): their peak memory and CPU then count in this process's, which is what the
+        zygote measures (``executor/judge.py``)."""
+        _flush()
+        os.close(self.commands)  # the kernel reads the end, and exits
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:  # kernels of earlier cells; not what runs on
+                pass
+        os._exit(status)
 
     def ended(self) -> int:
         """Wait for the kernel; the status a plain execution would have ended with."""
@@ -338,8 +371,10 @@ def _checked(status: int, report: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     """Judge the spec's cells; exit with the last visible cell's status (0 for a notebook)."""
-    kernel = _Kernel()
     from sandbox_service.executor import isolation
+
+    isolation.become_subreaper()  # the kernel forks anew for each visible cell: adopt each
+    kernel = _Kernel()
 
     isolation.set_dumpable(False)  # its memory and descriptors: not the kernel's to read
     spec = json.loads(sys.stdin.buffer.read())
@@ -355,7 +390,7 @@ def main() -> None:
                 nonce,
                 {"replay_failed": index, "error": f"{error.get('ename')}: {error.get('evalue')}"},
             )
-            os._exit(1)
+            kernel.finish(1)
     status = 0
     timeout = float(spec.get("cell_timeout_s", 0))
     for index, cell in enumerate(spec["cells"]):
@@ -363,10 +398,11 @@ def main() -> None:
         ran, report = kernel.run(visible)
         if ran is None:  # the kernel ended in this cell without finishing it: never ok
             _flush()
+            os.close(kernel.commands)  # a kernel still alive reads the end, and exits
             os._exit(kernel.ended() or 1)
         status = ran
         _emit(nonce, {"cell": index, "status": status, **_checked(status, report)})
         _write_all(2, nonce)
     if spec.get("fetch"):
         _emit(nonce, {"files": _fetch(spec["fetch"])})
-    os._exit(0 if notebook else status)
+    kernel.finish(0 if notebook else status)

@@ -107,6 +107,21 @@ ATTACKS = {
         "                c['code'] = 'pass'\n"
         "                print('FOUND')\n"
     ),
+    "a background thread that forges the next verdicts": (
+        "import os, sys, threading, time\n"
+        "def forge():\n"
+        "    main = threading.main_thread().ident\n"
+        "    while True:\n"
+        "        time.sleep(0.01)\n"
+        "        f = sys._current_frames().get(main)\n"
+        "        while f is not None:\n"
+        "            scope = f.f_locals\n"
+        "            if isinstance(scope.get('reports'), int) and 'ASSERTED' in str(scope.get('code')):\n"
+        "                os.write(scope['reports'], b\"0\\n{'display': [], 'error': []}\\n\")\n"
+        "                time.sleep(0.5)\n"
+        "            f = f.f_back\n"
+        "threading.Thread(target=forge, daemon=True).start()\n"
+    ),
     "a background thread that ends the kernel 0 mid-cell": (
         "import os, threading, time\n"
         "def later():\n"
@@ -154,3 +169,12 @@ def test_a_notebook_cell_cannot_judge_the_next(service: ServiceProcess, client: 
         assert cell["error"], f"{name}: the failing cell {later!r} was reported without error"
     assert len(cells) <= len(LATER) + 2, f"{name}: forged cell reports {cells}"
     assert_every_slot_answers(client, f"run_jupyter: {name}")
+
+
+def test_a_cell_at_its_memory_limit_is_still_memory_limit(client: SandboxClient) -> None:
+    """The kernel is reaped before the judge exits: its memory counts."""
+    session = f"memory-{secrets.token_hex(4)}"
+    code = "x = []\nwhile True: x.append(' ' * 10**7)"
+    r = client.execute(code, session_id=session, memory_mb=200)
+    assert r.status is Status.memory_limit, r
+    assert client.execute("print(1)", session_id=session).stdout == "1\n"
