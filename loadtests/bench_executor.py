@@ -47,7 +47,7 @@ import httpx
 from loadtests import bench_report
 from loadtests.bench_modes import Measurement, bare_mode, floor_mode, target_mode
 from loadtests.cluster import Cluster
-from loadtests.cpu import ZYGOTE, Meter, Roles, children_of, fixed, me, tree_of
+from loadtests.cpu import ZYGOTE, Meter, Roles, children_of, fixed, me, tree_of, zygotes_of
 from loadtests.floor import WARM, Floor
 from loadtests.generator import Plan
 from loadtests.perfprofile import Profile, ProfiledMeter
@@ -158,7 +158,7 @@ class Bench:
         if self.pool is not None:
             pool = self.pool
             self.roles["bare"] = Roles(
-                {"api": me(), "zygote": lambda: [s.pid for s in pool.zygotes if s.pid]}
+                {"api": me(), "zygote": lambda: zygotes_of([s.pid for s in pool.zygotes if s.pid])}
             )
         assert self.service is not None
         api = fixed(self.service.process.pid)

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from loadtests.procwatch import CLK_TCK, Proc, all_procs, read_proc, tree
+from loadtests.procwatch import CLK_TCK, Proc, all_procs, past_keeper, read_proc, tree
 
 ROLES = ("client", "api", "redis", "worker", "zygote", "children")
 SERVICE_ROLES = ROLES[1:]  # what the service (or the floor) spends, the client left out
@@ -36,11 +36,17 @@ def children_of(parents: Pids, marker: str = "") -> Pids:
 
     def pids() -> list[int]:
         wanted = set(parents())
-        return sorted(
-            p.pid for p in all_procs().values() if p.ppid in wanted and marker in cmdline(p.pid)
-        )
+        procs = all_procs()
+        found = [p.pid for p in procs.values() if p.ppid in wanted and marker in cmdline(p.pid)]
+        return sorted(past_keeper(pid, procs) for pid in found)
 
     return pids
+
+
+def zygotes_of(pids: Sequence[int]) -> list[int]:
+    """The zygotes themselves, given what a slot knows as its zygotes (keepers or not)."""
+    procs = all_procs()
+    return [past_keeper(pid, procs) for pid in pids]
 
 
 def tree_of(root: Pids) -> Pids:

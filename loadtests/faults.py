@@ -50,7 +50,7 @@ import httpx
 from loadtests import plots, report
 from loadtests.cluster import Cluster, Node
 from loadtests.generator import SERVICE_FAILURES, Plan, Run, measure
-from loadtests.procwatch import Watcher, all_procs, count_all, tree
+from loadtests.procwatch import Watcher, all_procs, count_all, keepers, tree
 from loadtests.targets import HttpTarget
 from loadtests.workloads import Context, Item, parse
 
@@ -171,6 +171,8 @@ def slot_processes(cluster: Cluster) -> dict[str, Any]:
     table = all_procs()
     expected = len(cluster.apis) + len(cluster.worker_nodes) * (1 + cluster.slots)
     found = [p for pid in cluster.pids for p in tree(pid, table)]
+    kept = keepers(found, table)  # a zygote's keeper is counted as part of the zygote
+    found = [p for p in found if p.pid not in kept]
     uids = {uid for node in cluster.worker_nodes for uid in node.uids}
     strays = []
     for pid in table:

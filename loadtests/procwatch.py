@@ -70,6 +70,23 @@ def all_procs() -> dict[int, Proc]:
     return procs
 
 
+def past_keeper(pid: int, procs: dict[int, Proc]) -> int:
+    """The zygote itself where ``pid`` is its keeper (``executor.pidns``): the child that is
+    pid 1 of a namespace of its own, whose reaped children are the executions; else ``pid``."""
+    for child in (p.pid for p in procs.values() if p.ppid == pid):
+        with contextlib.suppress(OSError), open(f"/proc/{child}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:") and line.split()[-1] == "1":
+                    return child
+    return pid
+
+
+def keepers(procs: list[Proc], table: dict[int, Proc]) -> set[int]:
+    """Which of ``procs`` are zygotes' keepers (a bare interpreter each, counted with its
+    zygote rather than as a process of its own)."""
+    return {p.pid for p in procs if past_keeper(p.pid, table) != p.pid}
+
+
 def tree(root: int, procs: dict[int, Proc] | None = None) -> list[Proc]:
     """``root`` and every process below it, root first."""
     procs = all_procs() if procs is None else procs
@@ -182,7 +199,7 @@ class Watcher:
         if not trees[0]:
             return None
         procs = list({p.pid: p for t in trees for p in t}.values())
-        zygotes = [p for p in procs if p.ppid in self.pids]
+        zygotes = [table[past_keeper(p.pid, table)] for p in procs if p.ppid in self.pids]
         now = time.monotonic()
         waiting = running = None
         if self._status is not None and now - self._status[0] < 3 * self.interval_s:
@@ -192,7 +209,7 @@ class Watcher:
             api_rss_mb=round(trees[0][0].rss_mb, 1),
             zygotes_rss_mb=round(sum(p.rss_mb for p in zygotes), 1),
             tree_pss_mb=round(sum(pss_mb(p.pid) for p in procs), 1),
-            processes=len(procs),
+            processes=len(procs) - len(keepers(procs, table)),
             zombies=sum(p.state == "Z" for p in procs),
             cpu_s=sum(p.cpu_ticks for p in procs) / CLK_TCK,
             waiting=waiting,

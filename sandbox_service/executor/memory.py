@@ -39,7 +39,7 @@ class MemoryOutcome:
 
     peak_mb: float
     oom_killed: bool  # the tree went over: the kernel killed a process, or the sampler all
-    how: str = "the kernel killed one"
+    how: str = "their cgroup ran out of memory"
 
 
 def memory_cgroup() -> tuple[int, str]:
@@ -121,12 +121,14 @@ class SlotCgroup:
                 return int(value)
         return 0
 
-    def _drain_alarm(self) -> None:
+    def _drain_alarm(self) -> bool:
+        """Whether the cgroup went out of memory since the last drain."""
         if self.oom_alarm is not None:
             try:
-                os.eventfd_read(self.oom_alarm)
+                return os.eventfd_read(self.oom_alarm) > 0
             except BlockingIOError:
                 pass
+        return False
 
     def _set_limit(self, value: bytes) -> None:
         os.pwrite(self._limit, value, 0)
@@ -146,9 +148,10 @@ class SlotCgroup:
         """After every process of the execution is dead: the tree's peak, whether the kernel
         killed one for the limit; the limit is lifted again."""
         self._set_limit(UNLIMITED_V1 if self.version == 1 else b"max")
-        self._drain_alarm()
+        # The alarm counts too: the parent may have killed the tree before the kernel chose.
+        over = self._drain_alarm() or self._oom_kills() > self._oom_before
         peak = int(self._read(self._peak)) - self._baseline
-        return MemoryOutcome(round(max(peak, 0) / MIB, 3), self._oom_kills() > self._oom_before)
+        return MemoryOutcome(round(max(peak, 0) / MIB, 3), over)
 
 
 class TreeSampler:

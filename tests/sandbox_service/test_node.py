@@ -168,7 +168,9 @@ def test_sigkill_of_a_worker_mid_run_loses_nothing_and_answers_nothing_twice(
 def test_poison_job_ends_as_internal_error_and_spares_its_chunk(deployment: Deployment) -> None:
     d = deployment
     d.settings = {"max_attempts": 2, "visibility_timeout_s": 1, "heartbeat_interval_s": 0.2}
-    api, first = d.many(d.api, lambda: d.worker(disable_isolation="uid"))
+    # The poison kills its worker node: only possible without a slot uid and without a pid
+    # namespace (in one, the worker is beyond the zygote, pid 1, and cannot be named).
+    api, first = d.many(d.api, lambda: d.worker(disable_isolation="uid,pid"))
     deaths = []
     done = threading.Event()
 
@@ -177,7 +179,7 @@ def test_poison_job_ends_as_internal_error_and_spares_its_chunk(deployment: Depl
             if worker is None or worker.process.poll() is not None:
                 deaths.append(worker.process.returncode if worker else "while starting")
                 try:
-                    worker = d.worker(disable_isolation="uid")
+                    worker = d.worker(disable_isolation="uid,pid")
                 except LaunchError:  # killed before it said it was ready
                     worker = None
             time.sleep(0.05)
