@@ -30,6 +30,7 @@ from trainer.problems import Problem
 from trainer.reward import reward
 from trainer.roc import RocSettings, resample_on_correct
 from trainer.rollout import Rollout, RolloutSettings, ToolRunner, generate_rollouts
+from trainer.sandbox import TimedRunner
 from trainer.scheduler import SchedulerSettings
 from trainer.tools import user_prompt
 from trainer.update import Sample, UpdateSettings, grpo_update
@@ -211,12 +212,13 @@ async def rl_step(
     With several ranks, every rank calls it with the same problems and ``rng`` state."""
     start = time.monotonic()
     per_problem = config.rollout.group_size * config.rollout.oversample
+    tools = TimedRunner(runner)
     groups = await sample_groups(
         problems,
         per_problem,
         policy,
         backend,
-        runner,
+        tools,
         rollout,
         config.rollout.require_answer_tag,
         dp,
@@ -243,6 +245,7 @@ async def rl_step(
         1, sum(len(g) for g in kept)
     )
     metrics["time_rollout_s"] = rolled - start
+    metrics["time_tool_s"] = tools.busy_s  # within time_rollout_s
     metrics["time_update_s"] = updated - rolled
     return metrics, groups
 
