@@ -3,7 +3,8 @@
     python -m trainer.plot RUN_DIR [RUN_DIR ...] [--output DIR] [--label NAME ...]
 
 One PNG per panel (``reward.png``, ``tool_calls.png``, ...) and ``curves.png`` with every panel,
-written to ``--output`` (default: the first run's ``plots/``). Each run is one colour; within a
+written to ``--output`` (default: the first run's ``plots/``), then a markdown table of each
+run's mean reward over its first and last fifth of steps. Each run is one colour; within a
 panel, line styles tell its series apart (the reward of all rollouts and of the kept ones; the
 time of generation, tool and update). A series a run did not log is left out. Needs matplotlib
 (``pip install 'sandbox-service[trainer]'``).
@@ -94,6 +95,24 @@ def read_run(directory: str | Path, label: str | None = None) -> Run:
     return Run(label or Path(directory).resolve().name, lines)
 
 
+def reward_gain(run: Run) -> dict[str, float]:
+    """Mean ``reward_mean`` of the first and of the last fifth of the steps (at least one each),
+    the yardstick of ``configs/learn_cpu.yaml``, and the seconds the steps took."""
+    rewards = [float(line["reward_mean"]) for line in run.lines]
+    n = max(1, len(rewards) // 5)
+    first, last = sum(rewards[:n]) / n, sum(rewards[-n:]) / n
+    seconds = sum(
+        line.get("time_rollout_s", 0.0) + line.get("time_update_s", 0.0) for line in run.lines
+    )
+    return {
+        "steps": len(rewards),
+        "reward_first": first,
+        "reward_last": last,
+        "gain": last - first,
+        "step_seconds": seconds,
+    }
+
+
 def points(run: Run, value: Callable[[Line], float | None]) -> tuple[list[int], list[float]]:
     xs, ys = [], []
     for line in run.lines:
@@ -164,6 +183,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs = [read_run(d, labels[i] if labels else None) for i, d in enumerate(args.runs)]
     for path in plot_runs(runs, args.output or Path(args.runs[0]) / "plots", args.dpi):
         print(path)
+    print("| run | steps | reward, first fifth | reward, last fifth | gain | step time (s) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for run in runs:
+        g = reward_gain(run)
+        print(
+            f"| {run.label} | {g['steps']:.0f} | {g['reward_first']:.3f} | {g['reward_last']:.3f}"
+            f" | {g['gain']:+.3f} | {g['step_seconds']:.0f} |"
+        )
 
 
 if __name__ == "__main__":

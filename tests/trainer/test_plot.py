@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from trainer.plot import PANELS, draw, main, read_run
+from trainer.plot import PANELS, draw, main, read_run, reward_gain
 
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
@@ -91,7 +91,11 @@ def test_the_command_writes_every_panel_as_png(tmp_path: Path, capsys: Any) -> N
     a = write_run(tmp_path / "a", steps=6)
     b = write_run(tmp_path / "b", steps=6)
     main([str(a), str(b), "--output", str(tmp_path / "plots"), "--label", "roc", "--label", "off"])
-    written = capsys.readouterr().out.split()
+    out = capsys.readouterr().out.splitlines()
+    written = [line for line in out if line.endswith(".png")]
+    # rewards 0.1 ... 0.6: the first and last fifth of 6 steps are one step each
+    assert "| roc | 6 | 0.100 | 0.600 | +0.500 | 24 |" in out
+    assert "| off | 6 | 0.100 | 0.600 | +0.500 | 24 |" in out
     assert sorted(Path(p).name for p in written) == sorted(
         [f"{p.name}.png" for p in PANELS] + ["curves.png"]
     )
@@ -104,3 +108,12 @@ def test_an_empty_run_is_an_error_naming_the_file(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(ValueError, match=r"metrics\.jsonl: no steps"):
         read_run(tmp_path)
+
+
+def test_reward_gain_compares_the_first_and_last_fifth(tmp_path: Path) -> None:
+    gain = reward_gain(read_run(write_run(tmp_path / "a", steps=10)))
+    # steps 1-2: 0.1, 0.2; steps 9-10: 0.9, 1.0
+    assert gain["reward_first"] == pytest.approx(0.15)
+    assert gain["reward_last"] == pytest.approx(0.95)
+    assert gain["gain"] == pytest.approx(0.8)
+    assert gain["step_seconds"] == pytest.approx(40.0)
