@@ -5,9 +5,9 @@
 One PNG per panel (``reward.png``, ``tool_calls.png``, ...) and ``curves.png`` with every panel,
 written to ``--output`` (default: the first run's ``plots/``), then a markdown table of each
 run's mean reward over its first and last fifth of steps. Each run is one colour; within a
-panel, line styles tell its series apart (the reward of all rollouts and of the kept ones; the
-time of generation, tool and update). A series a run did not log is left out. Needs matplotlib
-(``pip install 'sandbox-service[trainer]'``).
+panel, line styles tell its series apart (the reward of all rollouts and of those kept for the
+update; the time of generation, tool and update). A series a run did not log is left out.
+Needs matplotlib (``pip install 'sandbox-service[trainer]'``).
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ PANELS = (
         "reward",
         "reward",
         "mean reward",
-        (("all rollouts", field("reward_mean")), ("kept by RoC", field("reward_kept_mean"))),
+        (
+            ("all rollouts", field("reward_mean")),
+            ("kept for the update", field("reward_kept_mean")),
+        ),
     ),
     Panel("tool_calls", "tool calls per rollout", "calls", (("", per_rollout("tool_calls")),)),
     Panel("tool_errors", "tool-error rate", "errors / calls", (("", field("tool_error_rate")),)),

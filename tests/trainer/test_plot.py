@@ -63,7 +63,7 @@ def test_panels_show_the_logged_values(tmp_path: Path) -> None:
     run = write_run(tmp_path / "a", steps=4)
     reward = drawn("reward", run)
     assert reward["a, all rollouts"] == ([1, 2, 3, 4], pytest.approx([0.1, 0.2, 0.3, 0.4]))
-    assert reward["a, kept by RoC"][1] == pytest.approx([0.15, 0.25, 0.35, 0.45])
+    assert reward["a, kept for the update"][1] == pytest.approx([0.15, 0.25, 0.35, 0.45])
     # tool calls are per rollout: 10 * step calls over 40 rollouts
     assert drawn("tool_calls", run)["a"][1] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     times = drawn("step_time", run)
