@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU build of torch for the trainer's tests; on a GPU machine install your CUDA build first.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= test,redis,trainer,loadtest
+EXTRAS ?= test,redis,trainer,tracking,loadtest
 
 .PHONY: install test lint serve bench clean test-vllm-cpu image test-image
 

@@ -206,6 +206,8 @@ class CheckpointConfig:
 class LoggingConfig:
     progress: bool = True
     sample_every: int = 0  # print one decoded rollout every N steps (0: never)
+    tensorboard: bool = True  # OUTPUT/tensorboard/ too, when the tensorboard package is installed
+    wandb_project: str | None = None  # W&B too, when wandb is installed (or set WANDB_PROJECT)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@
   (the production path; ``--sandbox-url http://...``).
 - :func:`start_embedded_service`: a local service (``sandbox-service serve``) for a run that
   was given no URL.
+- :class:`TimedRunner`: any runner, with the wall time its calls took (a step's tool time).
 - :class:`SubprocessRunner`: a fresh ``python -I -c`` per call on this machine, with a timeout
   and nothing else. **No isolation**, and ``repl`` mode is run as a plain script: for tests and
   development only, chosen explicitly with ``--sandbox-url subprocess``.
@@ -82,6 +83,28 @@ class SubprocessRunner:
                 stderr=err.decode(errors="replace"),
                 wall_time_s=time.monotonic() - start,
             )
+
+
+class TimedRunner:
+    """Wraps a runner and measures the wall time during which at least one of its batches was
+    running (``busy_s``): the tool's share of a step, whether the rollout loop waits for each
+    round or overlaps calls with generation."""
+
+    def __init__(self, runner: ToolRunner) -> None:
+        self.runner = runner
+        self.busy_s = 0.0
+        self._running, self._since = 0, 0.0
+
+    async def run(self, calls: list[ExecuteRequest]) -> list[ExecuteResult]:
+        if self._running == 0:
+            self._since = time.monotonic()
+        self._running += 1
+        try:
+            return await self.runner.run(calls)
+        finally:
+            self._running -= 1
+            if self._running == 0:
+                self.busy_s += time.monotonic() - self._since
 
 
 @contextlib.asynccontextmanager

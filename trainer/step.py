@@ -30,6 +30,7 @@ from trainer.problems import Problem
 from trainer.reward import reward
 from trainer.roc import RocSettings, resample_on_correct
 from trainer.rollout import Rollout, RolloutSettings, ToolRunner, generate_rollouts
+from trainer.sandbox import TimedRunner
 from trainer.scheduler import SchedulerSettings
 from trainer.tools import PromptStyle, user_prompt
 from trainer.update import Sample, UpdateSettings, grpo_update
@@ -214,12 +215,13 @@ async def rl_step(
     With several ranks, every rank calls it with the same problems and ``rng`` state."""
     start = time.monotonic()
     per_problem = config.rollout.group_size * config.rollout.oversample
+    tools = TimedRunner(runner)
     groups = await sample_groups(
         problems,
         per_problem,
         policy,
         backend,
-        runner,
+        tools,
         rollout,
         config.reward.require_answer_tag,
         dp,
@@ -246,6 +248,7 @@ async def rl_step(
         1, sum(len(g) for g in kept)
     )
     metrics["time_rollout_s"] = rolled - start
+    metrics["time_tool_s"] = tools.busy_s  # within time_rollout_s
     metrics["time_update_s"] = updated - rolled
     return metrics, groups
 

@@ -24,7 +24,7 @@ import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 import yaml
@@ -43,6 +43,7 @@ from trainer.rollout import RolloutSettings, ToolRunner
 from trainer.sandbox import open_runner
 from trainer.sft import load_conversations, run_sft
 from trainer.step import rl_step, rollout_settings
+from trainer.tracking import MetricsLog
 
 
 def stage_rollout_settings(config: TrainConfig, stage: StageConfig) -> RolloutSettings:
@@ -213,7 +214,8 @@ class Trainer:
         )
         # The engine's processes end with the run, not at interpreter exit (where vLLM's output
         # handler would see its engine die and log it as a failure).
-        with contextlib.closing(backend), bar, (self.output / "metrics.jsonl").open("a") as log:
+        log = MetricsLog(self.output, config, enabled=self.writer)
+        with contextlib.closing(backend), bar, log:
             while state.stage < len(config.stages) and (
                 max_steps is None or len(history) < max_steps
             ):
@@ -242,7 +244,7 @@ class Trainer:
         stage: StageConfig,
         runner: ToolRunner,
         backend: GenerationBackend,
-        log: TextIO,
+        log: MetricsLog,
         bar: tqdm,
         budget: int | None,
     ) -> list[dict[str, Any]]:
@@ -284,9 +286,7 @@ class Trainer:
                 sampler.state_dict(),
             )
             line = {"step": state.step, "stage": stage.name, "lr": lr, **metrics}
-            if self.writer:
-                log.write(json.dumps(line) + "\n")
-                log.flush()
+            log.write(line)
             history.append(line)
             bar.update(1)
             bar.set_postfix(

@@ -102,6 +102,7 @@ def test_scripted_policy_through_the_service_roc_updates_and_resume(
     assert all(r.status.value == "ok" and r.stdout.strip().isdigit() for r in runner.results)
     for metrics, groups in done:
         assert metrics["tool_calls"] == 16 and metrics["tool_errors"] == 0
+        assert 0.0 < metrics["time_tool_s"] < metrics["time_rollout_s"]  # the service's share
         assert metrics["roc_kept"] == 8  # two groups of 2G = 8 rollouts, G = 4 kept of each
         assert math.isfinite(metrics["loss"]) and metrics["trained_tokens"] > 0
         assert 0.0 < metrics["reward_mean"] < 1.0

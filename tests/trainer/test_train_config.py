@@ -12,7 +12,7 @@ from trainer.config import TrainConfig, load_config, save_config
 CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
 
 
-@pytest.mark.parametrize("name", ["tiny_cpu.yaml", "rstar2_agent_14b.yaml"])
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))
 def test_shipped_configs_load_and_round_trip(name: str, tmp_path: Path) -> None:
     config = load_config(CONFIGS / name)
     save_config(config, tmp_path / "again.yaml")

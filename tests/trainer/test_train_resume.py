@@ -32,7 +32,7 @@ MICRO = {
     "logging.progress": False,
 }
 REQUIRED = {"step", "loss", "reward_mean", "tool_calls", "tool_errors", "roc_kept", "clip_frac"}
-TIMING = {"time_rollout_s", "time_update_s", "time_push_s"}
+TIMING = {"time_rollout_s", "time_tool_s", "time_update_s", "time_push_s"}
 
 
 def model_weights(output: Path) -> dict[str, torch.Tensor]:
