@@ -58,11 +58,19 @@ def test_a_session_cell_whose_files_collide_with_earlier_ones_runs(
     service: tuple[SandboxClient, str],
 ) -> None:
     client, url = service
-    code = "import os\nprint(sorted(os.path.join(d, f) for d, _, fs in os.walk('.') for f in fs))"
+    # Only the names this test writes: from a checkout under /tmp, the interpreter's own
+    # directory stays visible in the private /tmp (docs/SECURITY.md), with thousands of files.
+    code = (
+        "import os\n"
+        "def files(top):\n"
+        "    if not os.path.isdir(top): return [top]\n"
+        "    return [os.path.join(d, f) for d, _, fs in os.walk(top) for f in fs]\n"
+        "print(sorted(p for top in ('a', 'k') if os.path.lexists(top) for p in files(top)))"
+    )
     session = {"session_id": "files-collide", "code": code}
     first = httpx.post(f"{url}/v1/execute", json={**session, "files": {"a": X, "k": X}}).json()
     assert first["status"] == "ok", first
     second = httpx.post(f"{url}/v1/execute", json={**session, "files": {"a/b": X}}).json()
     assert second["status"] == Status.ok.value, second
-    assert second["stdout"] == "['./a/b', './k']\n", second
+    assert second["stdout"] == "['a/b', 'k']\n", second
     every_zygote_is_clean(client)
