@@ -36,7 +36,7 @@ from loadtests.generator import Plan, Run, measure
 from loadtests.procwatch import Watcher, listening_pid
 from loadtests.targets import CodeJudgeTarget, HttpTarget, NaiveTarget, Target
 from loadtests.workloads import Context, Workload, WorkloadError, parse
-from sandbox_service.launch import launch
+from sandbox_service.service_process import launch
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 APIS = ("native", "codejudge")

@@ -55,7 +55,7 @@ from loadtests.procwatch import listening_pid
 from loadtests.targets import CodeJudgeTarget, HttpTarget, NaiveTarget, Target
 from loadtests.workloads import Item
 from sandbox_service.executor.pool import SlotPool
-from sandbox_service.launch import ServiceProcess, launch
+from sandbox_service.service_process import ServiceProcess, launch
 from sandbox_service.settings import Settings
 
 MODES = ("floor", "floor-light", "bare", "service", "service-full", "redis", "service-cj",

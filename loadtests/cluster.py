@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox_service.launch import RedisServer, ServiceProcess, start
+from sandbox_service.service_process import RedisServer, ServiceProcess, start
 
 
 @dataclass

@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from sandbox_service.launch import launch
+from sandbox_service.service_process import launch
 from sandbox_service.tenants import Tenant, append_key
 
 LIGHT = "print(sum(range(1000)))"

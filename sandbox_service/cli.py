@@ -85,7 +85,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 @command("serve", "run the service: HTTP API and local slots in one process, no Redis needed")
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    from sandbox_service.server import serve
+    from sandbox_service.http_server import serve
 
     serve(settings)
     return 0
@@ -106,7 +106,7 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
 
 
 async def _run_locally(request: ExecuteRequest, settings: Settings) -> ExecuteResult:
-    from sandbox_service.runtime import EmbeddedRuntime
+    from sandbox_service.runtime.embedded import EmbeddedRuntime
 
     runtime = EmbeddedRuntime(settings.model_copy(update={"slots": 1}), name="cli")
     await runtime.start()
@@ -172,8 +172,8 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 @command("api", "run an API node: the HTTP API in front of a Redis queue (--redis-url)")
 def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
-    from sandbox_service.node import RedisRuntime
-    from sandbox_service.server import serve
+    from sandbox_service.http_server import serve
+    from sandbox_service.runtime.redis import RedisRuntime
 
     serve(settings, RedisRuntime(settings))
     return 0
@@ -189,7 +189,7 @@ def _worker_options(parser: argparse.ArgumentParser) -> None:
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from sandbox_service.executor.pool import IsolationUnavailable
     from sandbox_service.executor.slot import SlotStartError
-    from sandbox_service.node import run_worker
+    from sandbox_service.worker_node import run_worker
 
     try:
         return run_worker(settings, burst=args.burst)

@@ -222,6 +222,15 @@ class ErrorBody(BaseModel):
     detail: list[ErrorDetail] | str
 
 
+class RequestRejected(Exception):
+    """The request breaks the contract or a server limit: 413 or 422 with the reasons."""
+
+    def __init__(self, status_code: int, details: list[ErrorDetail]) -> None:
+        self.status_code = status_code
+        self.details = details
+        super().__init__("; ".join(f"{'.'.join(map(str, d.loc))}: {d.msg}" for d in details))
+
+
 class SlotState(BaseModel):
     index: int
     pid: int | None

@@ -215,7 +215,7 @@ class Settings(BaseSettings):
             )
         return value
 
-    # ---- Sessions and compatibility fronts (sessions.py, api/sandboxfusion.py, api/codejudge.py)
+    # ---- Sessions and compatibility fronts (session_replay, api/sandboxfusion, api/codejudge)
     session_ttl_s: float = Field(
         default=1800.0, gt=0, description="A session not used for this long is forgotten."
     )

@@ -1,6 +1,6 @@
 """The reward: 1 when the rollout's last boxed answer verifies against the reference, else 0.
 
-Verification is ``sandbox_service.verify`` (math-verify), the code behind the service's
+Verification is ``sandbox_service.math_answer`` (math-verify), the code behind the service's
 ``/v1/verify``. Two rules on top, both from the report: a truncated rollout (length or turn
 limit) scores 0 whatever it wrote; and only the model's own text is read, never a tool
 response, so a program that prints ``\\boxed{42}`` earns nothing (the release decodes the whole
@@ -9,7 +9,7 @@ response, tool output included).
 
 from __future__ import annotations
 
-from sandbox_service.verify import verify
+from sandbox_service.math_answer import verify
 
 
 def reward(model_text: str, reference: str, *, truncated: bool, require_answer_tag: bool) -> float:

@@ -20,8 +20,8 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 from sandbox_service.client import AsyncSandboxClient
-from sandbox_service.launch import launch
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
+from sandbox_service.service_process import launch
 from trainer.rollout import ToolRunner
 
 SUBPROCESS = "subprocess"

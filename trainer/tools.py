@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from sandbox_service.math_answer import ANSWER_BLOCK
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Mode, Status
-from sandbox_service.verify import ANSWER_BLOCK
 
 TOOL_NAME = "python_code_with_standard_io"
 TOOL_SCHEMA: dict[str, object] = {

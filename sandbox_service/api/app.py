@@ -28,9 +28,10 @@ from sandbox_service.api.auth import Authenticate, anonymous_fronts
 from sandbox_service.api.errors import BodyTooLarge
 from sandbox_service.metrics import CONTENT_TYPE
 from sandbox_service.models import BatchRequest, ExecuteRequest
-from sandbox_service.probes import serve_probes
-from sandbox_service.runtime import EmbeddedRuntime, Runtime
-from sandbox_service.sessions import Sessions
+from sandbox_service.probe_server import serve_probes
+from sandbox_service.runtime.base import Runtime
+from sandbox_service.runtime.embedded import EmbeddedRuntime
+from sandbox_service.session_replay import Sessions
 from sandbox_service.settings import Settings
 from sandbox_service.tenants import KeyStore
 

@@ -17,19 +17,10 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from sandbox_service.models import ErrorDetail
+from sandbox_service.models import ErrorDetail, RequestRejected
 from sandbox_service.queue.base import QueueFull, QueueUnavailable, QuotaExceeded
 
 log = logging.getLogger(__name__)
-
-
-class RequestRejected(Exception):
-    """The request breaks the contract or a server limit: 413 or 422 with the reasons."""
-
-    def __init__(self, status_code: int, details: list[ErrorDetail]) -> None:
-        self.status_code = status_code
-        self.details = details
-        super().__init__("; ".join(f"{'.'.join(map(str, d.loc))}: {d.msg}" for d in details))
 
 
 class BodyTooLarge(Exception):

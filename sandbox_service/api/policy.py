@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sandbox_service.api.errors import RequestRejected
-from sandbox_service.models import ErrorDetail, ExecuteRequest
+from sandbox_service.models import ErrorDetail, ExecuteRequest, RequestRejected
 from sandbox_service.settings import Settings
 from sandbox_service.tenants import DEFAULT, Tenant
 

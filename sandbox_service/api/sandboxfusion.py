@@ -15,7 +15,7 @@ CommandRunResult, RunJupyterRequest/Response, CellRunResult) and its ``parse_run
   saying why; a body of the wrong shape answers 422 as FastAPI (and so SandboxFusion) does.
   Time and memory limits above this server's maxima are lowered to them.
 - A full or unreachable queue answers 504 with Retry-After: the status verl's client retries.
-- ``fetch_files``: the driver (``driver.py``) reads them inside the sandbox after the code,
+- ``fetch_files``: the driver (``cell_driver``) reads them inside the sandbox after the code,
   so a program stopped by a limit returns none.
 - ``/run_jupyter``: the cells run in order in one interpreter; a cell's error does not stop
   the next; ``cell_timeout`` raises TimeoutError in the cell; ``total_timeout`` is the limit
@@ -40,6 +40,8 @@ from sandbox_service.api.compat import (
     return_code,
 )
 from sandbox_service.api.native import BODY_ERRORS, body_of, json_response, parse
+from sandbox_service.cell_program import Cell, Driven, Program, new_nonce, program
+from sandbox_service.cell_program import parse as parse_driven
 from sandbox_service.models import (
     ErrorBody,
     ExecuteRequest,
@@ -48,8 +50,6 @@ from sandbox_service.models import (
     JsonInt,
     Mode,
 )
-from sandbox_service.programs import Cell, Driven, Program, new_nonce, program
-from sandbox_service.programs import parse as parse_driven
 from sandbox_service.queue.base import QueueFull, QueueUnavailable
 
 router = APIRouter(tags=["SandboxFusion compatible"])

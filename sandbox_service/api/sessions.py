@@ -1,7 +1,7 @@
 """Sessions as a resource: ``GET`` and ``DELETE /v1/sessions/{session_id}``.
 
 A session is created by the first execution that names it (``session_id``); see
-``sandbox_service/sessions.py`` for what it keeps and how.
+``sandbox_service/session_replay.py`` for what it keeps and how.
 """
 
 from __future__ import annotations

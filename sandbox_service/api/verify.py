@@ -1,7 +1,7 @@
 """``POST /v1/verify``: math answers checked against references, inside the sandbox slots.
 
 A response's last ``\\boxed{}`` (optionally only inside ``<answer>``) is compared with its
-reference by ``sandbox_service.verify`` (math-verify), the same code the trainer's reward
+reference by ``sandbox_service.math_answer`` (math-verify), the same code the trainer's reward
 uses. It runs as ordinary executions, not in the API process: sympy can be made to hang by an
 adversarial expression, and a slot bounds that with its timeout and its kill. Items go in
 chunks (one import of math-verify, ~0.3 s unless preloaded, serves a chunk); each item is
@@ -17,10 +17,15 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field, StrictBool
 
 from sandbox_service.api.auth import tenant_of
-from sandbox_service.api.errors import RequestRejected
 from sandbox_service.api.native import ERRORS, body_of, json_response, parse
-from sandbox_service.models import ErrorDetail, ExecuteRequest, ExecuteResult, JsonFloat
-from sandbox_service.programs import new_nonce
+from sandbox_service.cell_program import new_nonce
+from sandbox_service.models import (
+    ErrorDetail,
+    ExecuteRequest,
+    ExecuteResult,
+    JsonFloat,
+    RequestRejected,
+)
 
 router = APIRouter(tags=["verify"])
 
@@ -61,7 +66,7 @@ class VerifyResponse(BaseModel):
 # as it is known, so the verdicts before a hang survive the kill.
 PROGRAM = """\
 import json, sys
-from sandbox_service.verify import verify
+from sandbox_service.math_answer import verify
 spec = json.loads(sys.stdin.read())
 nonce = spec["nonce"]
 for index, item in spec["items"]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import os
+import socket
 import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
@@ -20,6 +22,11 @@ from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
 from sandbox_service.tenants import DEFAULT, DEFAULT_TENANT, Tenant
 
 MAX_ATTEMPTS = 2  # a job whose zygote died under it runs once more, then is answered
+
+
+def node_name() -> str:
+    """A process's name on the queue when none is configured: host and pid."""
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 class QueueFull(Exception):

@@ -7,8 +7,9 @@ end, not after) and corrected by what it really took once it ends. A tenant that
 from idle starts at the current virtual clock: idle time earns no credit. This is start-time
 fair queueing charged with measured run time: among tenants with work, slot time goes in
 proportion to weight whatever each job costs, which deficit round robin by job count does not
-give when one tenant's programs run 100 times longer than another's. The Redis queue's ``take``
-script (``queue.scripts``) does the same arithmetic in Redis, so every worker shares one clock.
+give when one tenant's programs run 100 times longer than another's. The Redis queue's
+``take`` script (``queue.redis.scripts``) does the same arithmetic in Redis, so every worker
+shares one clock.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from sandbox_service import cli
-from sandbox_service.server import DELIVERY_GRACE_S
+from sandbox_service.http_server import DELIVERY_GRACE_S
 from sandbox_service.settings import Settings
 from tests.deploy.manifests import (
     DEPLOY,

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from sandbox_service.launch import ServiceProcess
+from sandbox_service.service_process import ServiceProcess
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"
 SNIPPET = re.compile(r"<!-- test: ([\w-]+) -->\n```(\w+)\n(.*?)\n```", re.S)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from sandbox_service.launch import start
+from sandbox_service.service_process import start
 from tests.image.engine import IMAGE, docker
 from tests.image.test_shapes import START_S, check_api, layers
 

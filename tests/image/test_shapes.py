@@ -28,7 +28,7 @@ import httpx
 import pytest
 import yaml
 
-from sandbox_service.server import DELIVERY_GRACE_S
+from sandbox_service.http_server import DELIVERY_GRACE_S
 from sandbox_service.settings import Settings
 from tests.image.engine import (
     IMAGE,

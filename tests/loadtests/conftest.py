@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandbox_service.launch import ServiceProcess, start
+from sandbox_service.service_process import ServiceProcess, start
+from tests.loadtests.forker import FORKER
 
 
 @pytest.fixture(scope="session")
@@ -26,22 +27,6 @@ def own_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicePro
     svc.stop()
 
 
-# Forks four children that each burn 0.2 s of user CPU, reaps them, says so, and waits.
-FORKER = """
-import os, sys, time
-sys.stdin.readline()
-for _ in range(4):
-    if os.fork() == 0:
-        t = time.process_time()
-        while time.process_time() - t < 0.2:
-            sum(range(20000))  # user time: the clock is read (a system call) seldom
-        os._exit(0)
-    os.wait()
-print("done", flush=True)
-sys.stdin.readline()
-"""
-
-
 @pytest.fixture
 def forker() -> Iterator[subprocess.Popen[str]]:
     """A parent of four CPU-burning children: write a line to start it, read "done"."""
@@ -51,10 +36,3 @@ def forker() -> Iterator[subprocess.Popen[str]]:
     assert proc.stdin is not None
     proc.stdin.close()
     proc.wait(10)
-
-
-def run_forker(proc: subprocess.Popen[str]) -> None:
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write("go\n")
-    proc.stdin.flush()
-    assert proc.stdout.readline() == "done\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from loadtests.bench_executor import arguments
-from sandbox_service.launch import ServiceProcess
+from sandbox_service.service_process import ServiceProcess
 
 MODES = ("floor", "floor-light", "bare", "service", "naive", "service-cj", "codejudge")
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sandbox_service.launch import ServiceProcess
+from sandbox_service.service_process import ServiceProcess
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -7,8 +7,8 @@ import subprocess
 
 from loadtests.cpu import ZYGOTE, Meter, Roles, children_of, fixed, per_execution, total_ms
 from loadtests.procwatch import Proc
-from sandbox_service.launch import ServiceProcess
-from tests.loadtests.conftest import run_forker
+from sandbox_service.service_process import ServiceProcess
+from tests.loadtests.forker import run_forker
 
 
 def test_reaped_children_are_counted_as_the_executions(forker: subprocess.Popen[str]) -> None:

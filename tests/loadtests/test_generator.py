@@ -12,7 +12,7 @@ from loadtests.generator import UNANSWERED_AT_STOP, Plan, Recorder, drive, measu
 from loadtests.procwatch import Watcher
 from loadtests.targets import HttpTarget, NaiveTarget, NoAnswer
 from loadtests.workloads import Item, parse
-from sandbox_service.launch import ServiceProcess, free_port
+from sandbox_service.service_process import ServiceProcess, free_port
 
 
 def _drive(target: HttpTarget | NaiveTarget, items: list[Item], plan: Plan) -> Recorder:

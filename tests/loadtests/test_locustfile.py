@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_service.launch import ServiceProcess
+from sandbox_service.service_process import ServiceProcess
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("locust") is None, reason="locust is not installed (extra: loadtest)"

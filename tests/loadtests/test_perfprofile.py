@@ -10,7 +10,7 @@ import pytest
 
 from loadtests.cpu import Roles, fixed
 from loadtests.perfprofile import Profile, ProfiledMeter
-from tests.loadtests.conftest import run_forker
+from tests.loadtests.forker import run_forker
 
 pytestmark = pytest.mark.skipif(shutil.which("perf") is None, reason="perf is not installed")
 

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from loadtests.procwatch import count_entries, listening_pid, read_proc, tree
-from sandbox_service.launch import ServiceProcess, free_port
+from sandbox_service.service_process import ServiceProcess, free_port
 
 
 def test_the_listening_process_is_found_from_the_port(own_service: ServiceProcess) -> None:

@@ -10,7 +10,7 @@ import pytest
 from loadtests.generator import Plan, Recorder, drive
 from loadtests.targets import CodeJudgeTarget, native_of_codejudge, submission
 from loadtests.workloads import Item
-from sandbox_service.launch import ServiceProcess
+from sandbox_service.service_process import ServiceProcess
 
 ITEMS = [
     Item("print", {"code": "print(6 * 7)"}, "42\n"),

@@ -12,7 +12,7 @@ import pytest
 from loadtests.generator import Plan, Recorder, drive
 from loadtests.targets import HttpTarget
 from loadtests.workloads import SHIPPED, Context, Item, WorkloadError, parse
-from sandbox_service.launch import ServiceProcess
+from sandbox_service.service_process import ServiceProcess
 
 
 def test_item_check_wants_status_and_exact_stdout() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from sandbox_service.launch import start
-from tests.conftest import wait_until_admitted
+from sandbox_service.service_process import start
+from tests.helpers import wait_until_admitted
 
 
 def test_sigterm_answers_in_flight_work_and_leaves_nothing(tmp_path: Path) -> None:

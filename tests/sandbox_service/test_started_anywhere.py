@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from sandbox_service.client import SandboxClient
-from sandbox_service.launch import ServiceProcess, start
-from tests.sandbox_service.conftest import RedisServer
+from sandbox_service.service_process import ServiceProcess, start
+from tests.sandbox_service.redis_helpers import RedisServer
 
 ROOT = os.geteuid() == 0
 REPO = Path(__file__).resolve().parents[2]

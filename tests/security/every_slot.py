@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from sandbox_service.client import Retry, SandboxClient
-from sandbox_service.launch import ServiceProcess, start
 from sandbox_service.models import Status
+from sandbox_service.service_process import ServiceProcess, start
 
 LIGHT = "import time\ntime.sleep(0.3)\nprint(sum(range({n})))"
 FULL = "import numpy, time\ntime.sleep(0.3)\nprint(int(numpy.arange({n}).sum()))"

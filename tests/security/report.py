@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 
 from sandbox_service.client import Retry, SandboxClient
-from sandbox_service.launch import start
+from sandbox_service.service_process import start
 from tests.security.attacks import ALL, Target
 
 START, END = "<!-- attack-table:start -->", "<!-- attack-table:end -->"

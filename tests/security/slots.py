@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from sandbox_service.client import Retry, SandboxClient
-from sandbox_service.launch import start
 from sandbox_service.models import ExecuteResult, Status
+from sandbox_service.service_process import start
 
 # What a clean zygote shows a new execution: empty scratch directories (but the
 # interpreter's own entries, where it lives under /tmp), no IPC object, the standard

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from sandbox_service.client import Retry, SandboxClient
-from sandbox_service.launch import ServiceProcess, start
-from tests.conftest import processes_of
+from sandbox_service.service_process import ServiceProcess, start
+from tests.helpers import processes_of
 from tests.security.attacks import ALL, Attack, Target
 
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from sandbox_service.client import SandboxClient
-from sandbox_service.launch import ServiceProcess
 from sandbox_service.models import Status
+from sandbox_service.service_process import ServiceProcess
 from tests.security.every_slot import ZYGOTES, assert_every_slot_answers, client_of, serve
 
 # (name, code, the status it must get): each tries to claim a service status it has not earned.

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from sandbox_service.launch import ServiceProcess
 from sandbox_service.models import ExecuteRequest, ExecuteResult
+from sandbox_service.service_process import ServiceProcess
 from trainer.backends.scripted import Script, ScriptedBackend
 from trainer.chat import EOS, decode
 from trainer.checkpoint import TrainState, load_training_state, save_checkpoint

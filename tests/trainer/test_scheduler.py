@@ -16,8 +16,8 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from sandbox_service.launch import ServiceProcess
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
+from sandbox_service.service_process import ServiceProcess
 from trainer.backends.base import (
     FinishReason,
     Generation,

@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 
 import trainer.scheduler
-from sandbox_service.launch import ServiceProcess
+from sandbox_service.service_process import ServiceProcess
 from trainer.backends.base import GenerationRequest, SamplingParams
 from trainer.sim import clock, compare
 from trainer.sim.engine import EngineModel, PlannedContext, SimEngine

@@ -29,8 +29,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from sandbox_service.client import AsyncSandboxClient
-from sandbox_service.launch import launch
 from sandbox_service.models import ExecuteRequest, Mode
+from sandbox_service.service_process import launch
 
 DATA = Path(__file__).parent / "tool_latency.json"
 TIMEOUT_S, MEMORY_MB = 10.0, 1024  # the trainer's defaults (tool.timeout_s, tool.memory_mb)

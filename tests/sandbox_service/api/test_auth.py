@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from sandbox_service.client import SandboxAuthError, SandboxClient
-from sandbox_service.launch import ServiceProcess, start
+from sandbox_service.service_process import ServiceProcess, start
 from sandbox_service.tenants import Tenant, append_key, key_id, revoke_keys
 
 

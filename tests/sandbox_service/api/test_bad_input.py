@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sandbox_service.launch import ServiceProcess
+from sandbox_service.service_process import ServiceProcess
 
 
 def _post(

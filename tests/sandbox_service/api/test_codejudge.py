@@ -11,9 +11,9 @@ import pytest
 
 from sandbox_service.api.codejudge import Reason, Submission, _result
 from sandbox_service.api.compat import OUTCOMES
-from sandbox_service.launch import ServiceProcess
 from sandbox_service.models import ExecuteResult, Status
-from tests.conftest import queue_held_full
+from sandbox_service.service_process import ServiceProcess
+from tests.helpers import queue_held_full
 
 
 # code-judge's client dataclasses: building them from our answers fails on any missing or

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_service.launch import ServiceProcess
+from sandbox_service.service_process import ServiceProcess
 
 SCHEMATHESIS = shutil.which("schemathesis") or str(Path(sys.executable).parent / "schemathesis")
 

@@ -7,9 +7,9 @@ import uuid
 
 import httpx
 
-from sandbox_service.launch import ServiceProcess
 from sandbox_service.models import BatchResponse, ExecuteResult, Status, StatusReport
-from tests.conftest import wait_until_admitted
+from sandbox_service.service_process import ServiceProcess
+from tests.helpers import wait_until_admitted
 
 
 def test_single_and_batch(tight_service: ServiceProcess) -> None:

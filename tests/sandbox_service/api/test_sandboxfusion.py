@@ -11,9 +11,9 @@ from sandbox_fusion import RunCodeRequest, RunJupyterRequest, run_code, run_jupy
 
 from sandbox_service.api.compat import OUTCOMES
 from sandbox_service.api.sandboxfusion import command_result, run_status
-from sandbox_service.launch import ServiceProcess
 from sandbox_service.models import ExecuteResult, Status
-from tests.conftest import queue_held_full
+from sandbox_service.service_process import ServiceProcess
+from tests.helpers import queue_held_full
 
 
 def _b64(data: bytes) -> str:

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from sandbox_service.client import Retry, SandboxClient
-from sandbox_service.launch import ServiceProcess
 from sandbox_service.models import Status
+from sandbox_service.service_process import ServiceProcess
 
 
 @pytest.fixture(scope="module")

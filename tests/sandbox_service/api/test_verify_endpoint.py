@@ -6,7 +6,7 @@ import time
 
 import httpx
 
-from sandbox_service.launch import ServiceProcess
+from sandbox_service.service_process import ServiceProcess
 
 
 def _verify(service: ServiceProcess, items: list[dict], **extra: object) -> list[dict]:

@@ -7,7 +7,7 @@ import time
 
 from sandbox_service.client import SandboxClient
 from sandbox_service.models import ExecuteRequest, Mode, Status
-from tests.conftest import processes_of
+from tests.helpers import processes_of
 
 
 def test_ordinary_program(client: SandboxClient) -> None:

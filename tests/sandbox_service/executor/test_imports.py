@@ -8,7 +8,7 @@ import pytest
 
 from sandbox_service.client import SandboxClient
 from sandbox_service.executor.imports import imports_only_stdlib, stdlib_only
-from sandbox_service.launch import start
+from sandbox_service.service_process import start
 
 LIGHT = [
     "print(sum(range(1000)))",

@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from sandbox_service.client import SandboxClient
-from sandbox_service.launch import LaunchError, ServiceProcess, start
 from sandbox_service.models import Status
-from tests.conftest import SECRET, processes_of
+from sandbox_service.service_process import LaunchError, ServiceProcess, start
+from tests.helpers import SECRET, processes_of
 
 
 def _layer(client: SandboxClient, name: str) -> None:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from sandbox_service.client import SandboxClient
-from sandbox_service.launch import start
 from sandbox_service.models import Status
+from sandbox_service.service_process import start
 
 
 def _wait_for_restart(client: SandboxClient, index: int, old_pid: int, light: bool = False) -> None:

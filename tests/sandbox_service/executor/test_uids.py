@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from sandbox_service.executor import uids
-from sandbox_service.launch import LaunchError, start
+from sandbox_service.service_process import LaunchError, start
 from sandbox_service.settings import Settings
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="slot uids are used only as root")

@@ -1,6 +1,6 @@
 """The Redis queue in one event loop against a real Redis: both faces, with stand-in workers.
 
-The node processes are tested in ``test_node.py``; here each property of the queue is checked
+The node processes are tested in ``test_redis_mode.py``; here each property of the queue is checked
 directly and fast: order and chunking, round trips, backpressure, deadlines, idempotency,
 taking over from a dead worker, a Redis that lost its data or cannot be reached.
 """
@@ -15,15 +15,16 @@ from typing import Any
 
 import pytest
 
-from sandbox_service.launch import free_port
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
 from sandbox_service.queue.base import QueueFull, QueueUnavailable
-from sandbox_service.queue.keys import Keys
-from sandbox_service.queue.redis import RedisJobSource, RedisQueue
-from sandbox_service.queue.redis_link import stop_tasks
+from sandbox_service.queue.redis.connection import stop_tasks
+from sandbox_service.queue.redis.consumer import RedisJobSource
+from sandbox_service.queue.redis.keys import Keys
+from sandbox_service.queue.redis.producer import RedisQueue
+from sandbox_service.service_process import free_port
 from sandbox_service.settings import Settings
-from tests.sandbox_service.conftest import RedisServer
+from tests.sandbox_service.redis_helpers import RedisServer
 
 
 def _settings(redis: RedisServer, prefix: str, **overrides: Any) -> Settings:

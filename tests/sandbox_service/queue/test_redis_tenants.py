@@ -15,11 +15,12 @@ import pytest
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
 from sandbox_service.queue.base import QueueUnavailable, QuotaExceeded
-from sandbox_service.queue.redis import RedisJobSource, RedisQueue
+from sandbox_service.queue.redis.consumer import RedisJobSource
+from sandbox_service.queue.redis.producer import RedisQueue
 from sandbox_service.settings import Settings
 from sandbox_service.tenants import Tenant
-from tests.sandbox_service.conftest import RedisServer
 from tests.sandbox_service.queue.test_redis import _api, _echo, _run, _settings, _started
+from tests.sandbox_service.redis_helpers import RedisServer
 
 
 def test_same_id_of_two_tenants_is_two_jobs(redis_server: RedisServer, prefix: str) -> None:

@@ -8,7 +8,7 @@ next chunk of the tenant whose turn it is (``queue.fair``'s arithmetic); ``settl
 chunk, counts its jobs out only if it really removed it (``XDEL`` said 1), corrects its
 tenant's virtual time by what the chunk really took, publishes its results and puts back
 whatever has to run again, at the head of its tenant's list. Key names come in ``KEYS`` from
-``queue.keys``, but for the fields of the ``fair`` hash, which carry tenant names.
+``queue.redis.keys``, but for the fields of the ``fair`` hash, which carry tenant names.
 """
 
 from __future__ import annotations

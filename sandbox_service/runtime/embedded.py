@@ -1,66 +1,22 @@
-"""What an API process runs behind its routes: the embedded runtime (queue + slots in-process).
-
-A runtime owns the queue the routes submit to and whatever executes the jobs, and knows how
-to report on them and shut them down. The Redis API node has its own runtime with the same
-shape and no slots.
-"""
+"""The embedded runtime (``sandbox-service serve``): queue, slot loop and slots in one process."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Protocol
 
 from sandbox_service.executor.pool import SlotPool
 from sandbox_service.executor.slot import Slot
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import SlotState, StatusReport, WorkerInfo
-from sandbox_service.queue.base import Queue
+from sandbox_service.queue.base import node_name
 from sandbox_service.queue.local import LocalQueue
+from sandbox_service.runtime.base import limits
 from sandbox_service.settings import Settings
-from sandbox_service.worker import Worker, default_name
+from sandbox_service.slot_loop import SlotLoop
 
 log = logging.getLogger(__name__)
-
-
-def limits(settings: Settings) -> dict[str, float | int]:
-    """The policy maxima a client needs to know (batch size, timeouts) to size its requests."""
-    return {
-        "max_batch": settings.max_batch,
-        "max_timeout_s": settings.max_timeout_s,
-        "max_memory_mb": settings.max_memory_mb,
-        "max_code_chars": settings.max_code_chars,
-        "max_stdin_chars": settings.max_stdin_chars,
-        "max_files_bytes": settings.max_files_bytes,
-        "max_output_bytes": settings.max_output_bytes,
-        "max_queue_depth": settings.max_queue_depth,
-        "max_queue_wait_s": settings.max_queue_wait_s,
-    }
-
-
-class Runtime(Protocol):
-    # Read-only here, so that a runtime may hold a narrower kind (LocalQueue, say).
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def queue(self) -> Queue: ...
-
-    @property
-    def metrics(self) -> Metrics: ...
-
-    async def start(self) -> None: ...
-
-    def begin_shutdown(self) -> None:
-        """SIGTERM: take no new work; answer what is queued within the grace period."""
-        ...
-
-    async def stop(self) -> None: ...
-
-    async def status(self) -> StatusReport: ...
-
-    async def ready(self) -> tuple[bool, str]: ...
 
 
 def slot_state(slot: Slot, uid_layer: bool) -> SlotState:
@@ -86,7 +42,9 @@ class EmbeddedRuntime:
         self.metrics = Metrics(settings.max_tenant_labels)
         self.pool = SlotPool(settings)
         self.queue = LocalQueue(settings, cannot_run=self.pool.broken)
-        self.worker = Worker(self.pool, self.queue, settings, self.metrics, name or default_name())
+        self.slot_loop = SlotLoop(
+            self.pool, self.queue, settings, self.metrics, name or node_name()
+        )
         self.started_at = time.monotonic()
         self._deadline: asyncio.TimerHandle | None = None
 
@@ -96,7 +54,7 @@ class EmbeddedRuntime:
         self.metrics.watch(self.metrics.queue_depth, lambda: self.queue.counts()[0])
         self.metrics.watch(self.metrics.in_flight, lambda: self.queue.counts()[1])
         self.metrics.watch_tenants(self.queue.tenant_counts)
-        self.worker.start()
+        self.slot_loop.start()
 
     def begin_shutdown(self) -> None:
         if self._deadline is not None:
@@ -118,7 +76,7 @@ class EmbeddedRuntime:
             self._deadline.cancel()
         self.queue.begin_shutdown()
         await self.queue.close()  # what never started is answered 'rejected'
-        await self.worker.stop(grace_s=1.0)  # what is still running is answered 'killed'
+        await self.slot_loop.stop(grace_s=1.0)  # what is still running is answered 'killed'
         await self.pool.stop()
 
     async def ready(self) -> tuple[bool, str]:
@@ -138,10 +96,10 @@ class EmbeddedRuntime:
             in_flight=running,
             workers=[
                 WorkerInfo(
-                    name=self.worker.name,
+                    name=self.slot_loop.name,
                     slots=len(self.pool.slots),
-                    busy=self.worker.busy,
-                    executions=self.worker.executions,
+                    busy=self.slot_loop.busy,
+                    executions=self.slot_loop.executions,
                     healthy_slots=self.pool.healthy(),
                 )
             ],

@@ -2,7 +2,7 @@
 
 How: the API node keeps, per session, the cells that ended ``ok`` (code, mode, stdin), the
 files they were given and a random seed. A call runs one ordinary execution of the driver
-(``programs.py``) that seeds ``random`` and numpy, replays those cells with their output
+(``cell_program``) that seeds ``random`` and numpy, replays those cells with their output
 discarded, then runs the new cell. Why replay rather than a live interpreter per session:
 executions stay what they are everywhere else (one confined fork, any slot, any worker node,
 killed and cleaned at the end), nothing is held between calls but a few strings, a worker
@@ -39,16 +39,16 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sandbox_service.api.errors import RequestRejected
+from sandbox_service.cell_program import Cell, new_nonce, parse, program
 from sandbox_service.models import (
     ErrorDetail,
     ExecuteRequest,
     ExecuteResult,
     Mode,
+    RequestRejected,
     Status,
     merge_files,
 )
-from sandbox_service.programs import Cell, new_nonce, parse, program
 from sandbox_service.queue.base import Queue, QueueFull, scoped
 from sandbox_service.settings import Settings
 from sandbox_service.tenants import DEFAULT, DEFAULT_TENANT, Tenant

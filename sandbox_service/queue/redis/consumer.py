@@ -5,7 +5,7 @@ chooses whose: the tenant whose turn it is, ``queue.fair``), blocks on the bell 
 nothing it may take, settles each chunk once all its jobs are answered (chunks that finish
 together share one round trip; the settle tells Redis what the chunk really took), sends a
 heartbeat that also keeps its chunks from being reclaimed, and takes over the chunks of
-workers that went silent. The design is described in ``queue.redis``.
+workers that went silent. The design: docs/redis.md.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ from sandbox_service.metrics import Metrics
 from sandbox_service.models import ExecuteResult, Status
 from sandbox_service.queue.base import Job, QueueUnavailable, park, result_for, wake
 from sandbox_service.queue.fair import INITIAL_MEAN_S
-from sandbox_service.queue.keys import GROUP, STATS_EXECUTIONS, STATS_RECLAIMED
-from sandbox_service.queue.redis_link import (
+from sandbox_service.queue.redis.connection import (
     BLOCK_MS,
     CONNECT_TIMEOUT_S,
     RedisLink,
@@ -41,7 +40,8 @@ from sandbox_service.queue.redis_link import (
     loop_failed,
     stop_tasks,
 )
-from sandbox_service.queue.scripts import SETTLE, TAKE
+from sandbox_service.queue.redis.keys import GROUP, STATS_EXECUTIONS, STATS_RECLAIMED
+from sandbox_service.queue.redis.scripts import SETTLE, TAKE
 from sandbox_service.settings import Settings
 from sandbox_service.tenants import DEFAULT_TENANT
 

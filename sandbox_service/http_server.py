@@ -15,7 +15,8 @@ import uvicorn
 
 from sandbox_service.api.app import create_app
 from sandbox_service.executor.isolation import set_dumpable
-from sandbox_service.runtime import EmbeddedRuntime, Runtime
+from sandbox_service.runtime.base import Runtime
+from sandbox_service.runtime.embedded import EmbeddedRuntime
 from sandbox_service.settings import Settings
 
 # After the runtime's grace period, answers still have to be written out.

@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from sandbox_service.launch import LaunchError, ServiceProcess, start
-from tests.sandbox_service.conftest import RedisServer
+from sandbox_service.service_process import LaunchError, ServiceProcess, start
+from tests.sandbox_service.redis_helpers import RedisServer
 
 FAST = {"preload": "math", "warmup": "", "heartbeat_interval_s": 0.3, "visibility_timeout_s": 2}
 

@@ -3,7 +3,7 @@
 Three features need more than one plain execution gives: files read back after the program
 (SandboxFusion's ``fetch_files``), notebook cells reported one by one (``/run_jupyter``), and
 a session's earlier cells replayed before a new one (``session_id``). Each is one ordinary
-execution of the driver (``driver.py``): its code is the driver alone, its stdin the spec
+execution of the driver (``cell_driver``): its code is the driver alone, its stdin the spec
 (cells, each with its own stdin, and the nonce), which the driver reads only once the cells'
 process is forked off, so no cell ever holds it. Nothing in the executor, the queue or the
 workers knows about them, so they work unchanged on every worker of every node.
@@ -17,9 +17,9 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox_service import driver
+from sandbox_service import cell_driver
 
-DRIVER_SOURCE = inspect.getsource(driver)
+DRIVER_SOURCE = inspect.getsource(cell_driver)
 
 
 def new_nonce() -> str:

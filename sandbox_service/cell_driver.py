@@ -1,6 +1,6 @@
 """The program that runs other programs: several cells in one sandboxed interpreter, then files.
 
-This module is not imported by the service; ``programs.py`` sends its source, compiled under
+This module is not imported by the service; ``cell_program`` sends its source, compiled under
 the name ``<driver>``, as the code of an ordinary execution, and the spec (JSON: the cells,
 each with its own stdin, a session's history to replay, the files to read back, the nonce) as
 that execution's stdin. Inside the confined child it splits in two processes:

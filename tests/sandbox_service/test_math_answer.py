@@ -1,4 +1,4 @@
-"""verify.py: boxed extraction and math equivalence through math-verify."""
+"""math_answer.py: boxed extraction and math equivalence through math-verify."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from sandbox_service.verify import extract_prediction, last_boxed, verify
+from sandbox_service.math_answer import extract_prediction, last_boxed, verify
 
 
 @pytest.mark.parametrize(

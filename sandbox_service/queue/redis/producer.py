@@ -1,73 +1,11 @@
-"""The Redis queue: any number of API nodes and worker nodes on any machines, one Redis.
+"""The API node's face of the Redis queue: ``RedisQueue``, the ``Queue`` the routes submit to.
 
-``RedisQueue`` is the API node's face (the ``Queue`` the routes submit to) and
-``RedisJobSource`` the worker node's (the ``JobSource`` the slot loop takes jobs from). The
-key schema is in ``queue.keys``; the two scripts that change the queue are in
-``queue.scripts``. The choices, and why:
-
-- **Streams, a consumer group, XAUTOCLAIM.** Jobs are entries of one stream
-  (``sandbox:jobs``) read by the group ``workers`` with XREADGROUP. Redis records each
-  delivered entry in the group's pending list until it is acknowledged, so a worker that dies
-  (SIGKILL, machine gone) loses nothing: its entries stay pending, and once they have been
-  idle for ``visibility_timeout_s`` any other worker takes them with XAUTOCLAIM. A list with
-  BLMOVE into per-worker lists would need our own scan of those lists to find the dead; the
-  group keeps that book for us, and KEDA can scale on it. A live worker touches the entries
-  it holds on every heartbeat (XCLAIM ... JUSTID: resets their idle time without counting a
-  delivery), so the visibility timeout bounds how long a dead worker's jobs wait, not how
-  long a job may run.
-- **Chunks.** One entry carries a chunk of up to ``chunk_size`` jobs of one batch; a worker
-  takes a chunk whole (one XREADGROUP), runs its jobs on its slots, and settles it in one
-  script call, pipelined with other chunks that finished meanwhile. A batch is admitted in
-  one script call; an API node reads its results with one blocking XREAD for everything that
-  has arrived. So a batch costs well under one round trip per execution. A worker fetches
-  only while fewer than ``slots`` jobs wait in its hands, so chunks spread across workers.
-- **Acknowledged only once answered.** ``settle`` (one Lua script, atomic) publishes a
-  chunk's results, stores those of requests with an ``id``, acknowledges and deletes the
-  entry, and lowers the depth counter, all together or not at all. The counter moves only if
-  ``XDEL`` removed the entry, so a chunk settled twice (a worker presumed dead finishing after
-  all) cannot count twice.
-- **Bounded executions, poison jobs.** A reclaimed chunk is not run again as a whole: each of
-  its jobs is counted one more attempt (carried in the job itself) and put back alone, so a
-  job that kills its worker every time is isolated from the rest of its chunk, and once it has
-  been handed ``max_attempts`` times to workers that vanished it is answered
-  ``internal_error`` with a message saying so, instead of killing workers forever. A worker
-  holding such a job takes nothing more until it is done, so if it dies too it takes no
-  bystander with it. Attempts are counted per hand-over, not per start: a job merely waiting
-  in a worker that died is charged one too, which is why ``max_attempts`` defaults to 3. The
-  stream's own delivery counter is not used: a job put back alone is a new entry. (A job that
-  crashes only its zygote is retried by the worker loop itself.)
-- **Idempotency by ``id``.** Results of requests with an ``id`` are stored for
-  ``result_ttl_s``; while such a job runs, a claim names its job key, and a re-submission on
-  any API node joins it (its reply stream is added to the job's waiters) instead of running
-  it again. Admission checks the stored result, the claim and the depth in the same script.
-- **Results go back without polling.** Each API node has its own reply stream; one reader
-  task per node waits on it with XREAD BLOCK and resolves the futures of waiting requests
-  (rather than pub/sub, which loses what is published while a node reconnects).
-  Joined requests of other nodes get a copy on their own streams. Results that arrive twice
-  (a reclaimed job that ran twice) are dropped: each request is answered once.
-- **Deadlines.** Every job carries its start-by time (``max_queue_wait_s`` after admission);
-  a worker answers a job it takes too late ``queue_timeout`` without running it, and the API
-  node itself answers chunks no worker has taken by then (removed only if still undelivered,
-  atomically), so this holds with no worker running at all. A job that is never answered
-  (every worker gone, Redis lost it) is answered ``internal_error`` once its start-by time,
-  its timeout, the visibility timeout and a grace period have passed: no request waits for
-  ever.
-- **Backpressure and outages.** ``sandbox:depth`` counts jobs admitted and not settled
-  (waiting plus running), checked at admission: over ``max_queue_depth`` a batch is refused
-  whole (``QueueFull``, HTTP 429 with Retry-After). Redis unreachable: submissions raise
-  ``QueueUnavailable`` (HTTP 503) at once, ``/readyz`` fails, and every loop retries with
-  backoff, so nodes recover on their own. A Redis that came back empty (restarted without
-  persistence) is recognised by ``sandbox:epoch``, a random token set once: an API node that
-  sees it change answers its pending requests ``internal_error`` (they were lost) at once.
-- **Shutdown.** A worker told to stop takes no more jobs, finishes the ones running, settles
-  its chunks (what it had not started goes back on the stream, untouched) and leaves the
-  group. An API node stops admitting, waits for what it has in flight, and after
-  ``graceful_shutdown_s`` answers ``rejected`` (never ran, safe to resend) for its chunks no
-  worker has taken.
-
-What it does not do: exactly-once execution. A worker presumed dead (silent longer than the
-visibility timeout) may still finish; its job then runs twice and the second answer is
-dropped. Executions are side-effect free, so this is safe.
+A batch is admitted in one script call (``scripts.ADMIT``: idempotency by ``id``, depth and
+tenant quotas checked together), travels as chunks on the job stream, and its results come
+back on this node's own reply stream, read by one blocking reader task: no polling. Chunks no
+worker has taken by their start-by time are answered here ``queue_timeout``; a job never
+answered ends ``internal_error``; a Redis that came back empty is recognised by its epoch.
+Guarantees and the design choices behind them: docs/redis.md.
 """
 
 from __future__ import annotations
@@ -96,18 +34,12 @@ from sandbox_service.queue.base import (
     QueueUnavailable,
     QuotaExceeded,
     check_queued,
+    node_name,
     queue_timeout,
     result_for,
     scoped,
 )
-from sandbox_service.queue.keys import (
-    FAIR_QUEUED,
-    FAIR_RUNNING,
-    GROUP,
-    STATS_EXECUTIONS,
-    STATS_RECLAIMED,
-)
-from sandbox_service.queue.redis_link import (
+from sandbox_service.queue.redis.connection import (
     BLOCK_MS,
     RedisLink,
     Settlement,
@@ -116,11 +48,16 @@ from sandbox_service.queue.redis_link import (
     loop_failed,
     stop_tasks,
 )
-from sandbox_service.queue.redis_source import RedisJobSource
-from sandbox_service.queue.scripts import ADMIT, SETTLE
+from sandbox_service.queue.redis.keys import (
+    FAIR_QUEUED,
+    FAIR_RUNNING,
+    GROUP,
+    STATS_EXECUTIONS,
+    STATS_RECLAIMED,
+)
+from sandbox_service.queue.redis.scripts import ADMIT, SETTLE
 from sandbox_service.settings import Settings
 from sandbox_service.tenants import DEFAULT, DEFAULT_TENANT, RateLimiter, Tenant
-from sandbox_service.worker import default_name
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +120,7 @@ class RedisQueue(Queue):
         self.metrics = metrics
         self.link = RedisLink(settings, metrics)
         self.keys = self.link.keys
-        self.node = node or f"{default_name()}-{secrets.token_hex(3)}"
+        self.node = node or f"{node_name()}-{secrets.token_hex(3)}"
         self.reply = self.keys.replies(self.node)
         self.cluster_depth = 0  # jobs admitted and not settled, as last read from Redis
         self._seq = itertools.count()
@@ -547,6 +484,3 @@ class RedisQueue(Queue):
         with contextlib.suppress(QueueUnavailable, ResponseError):
             await self.link.call("delete", self.reply)
         await self.link.close()
-
-
-__all__ = ["Cluster", "RedisJobSource", "RedisQueue"]

@@ -1,4 +1,4 @@
-"""The worker loop: each slot takes jobs from a source, runs them, and hands back results.
+"""The slot loop: each slot takes jobs from a source, runs them, and hands back results.
 
 The same loop serves the embedded mode (source: the in-process queue) and worker nodes
 (source: Redis). One task per slot, so a slot that is restarting takes no jobs and the
@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import time
 from typing import Any
 
@@ -35,10 +33,6 @@ def restart_backoff(failures: int) -> float:
     return 0.0 if failures <= 0 else min(MAX_BACKOFF_S, 0.5 * 2 ** (failures - 1))
 
 
-def default_name() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
 def zygote_request(job: Job) -> dict[str, Any]:
     """The executor's view of a request: what to run and under which limits, nothing else."""
     r = job.request
@@ -52,7 +46,9 @@ def zygote_request(job: Job) -> dict[str, Any]:
     }
 
 
-class Worker:
+class SlotLoop:
+    """One task per slot taking jobs from ``source``, and one per zygote keeping it healthy."""
+
     def __init__(
         self, pool: SlotPool, source: JobSource, settings: Settings, metrics: Metrics, name: str
     ) -> None:

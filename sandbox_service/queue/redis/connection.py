@@ -1,7 +1,7 @@
 """The connection to Redis and the wire format, shared by API nodes and worker nodes.
 
 ``RedisLink`` counts round trips (the figure the benchmark prints), runs the Lua scripts of
-``queue.scripts`` by SHA (loading them again after a Redis restart), and turns an unreachable
+``queue.redis.scripts`` by SHA (loading them again after a Redis restart), and turns an unreachable
 Redis into ``QueueUnavailable``. A job travels as JSON (``WireJob``); a chunk is a JSON list
 of jobs; ``Settlement`` is one call of the settle script.
 """
@@ -29,8 +29,8 @@ from redis.maint_notifications import MaintNotificationsConfig
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
 from sandbox_service.queue.base import Job, QueueUnavailable, scoped
-from sandbox_service.queue.keys import GROUP, Keys
-from sandbox_service.queue.scripts import SCRIPTS, Script
+from sandbox_service.queue.redis.keys import GROUP, Keys
+from sandbox_service.queue.redis.scripts import SCRIPTS, Script
 from sandbox_service.settings import Settings
 from sandbox_service.tenants import DEFAULT_TENANT
 
