@@ -1,4 +1,5 @@
-"""The in-process queue on its own: admission, order, deadlines, idempotency, shutdown."""
+"""The in-process queue on its own: shutdown, the results kept, tenants; the contract it shares
+with the Redis queue is tested in ``test_contract.py``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import pytest
 
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
-from sandbox_service.queue.base import QueueFull, QueueUnavailable, QuotaExceeded, ResultCache
+from sandbox_service.queue.base import QueueUnavailable, QuotaExceeded, ResultCache
 from sandbox_service.queue.local import LocalQueue
 from sandbox_service.settings import Settings
 from sandbox_service.tenants import Tenant
@@ -25,67 +26,6 @@ async def _echo_worker(queue: LocalQueue, count: int) -> None:
         await queue.done(
             job, ExecuteResult(id=job.request.id, status=Status.ok, stdout=job.request.code)
         )
-
-
-def test_results_in_request_order() -> None:
-    async def main() -> list[str]:
-        queue = LocalQueue(_settings())
-        await queue.start()
-        worker = asyncio.create_task(_echo_worker(queue, 5))
-        results = await queue.submit([ExecuteRequest(code=str(i)) for i in range(5)])
-        await worker
-        await queue.close()
-        return [r.stdout for r in results]
-
-    assert asyncio.run(main()) == ["0", "1", "2", "3", "4"]
-
-
-def test_full_queue_refuses_the_whole_batch() -> None:
-    async def main() -> None:
-        queue = LocalQueue(_settings(max_queue_depth=3))
-        await queue.start()
-        pending = asyncio.create_task(queue.submit([ExecuteRequest(code="a")] * 2))
-        await asyncio.sleep(0)
-        with pytest.raises(QueueFull) as info:
-            await queue.submit([ExecuteRequest(code="b")] * 2)
-        assert info.value.depth == 2 and info.value.limit == 3
-        assert await queue.depth() == (2, 0)  # the refused batch left nothing behind
-        await _echo_worker(queue, 2)
-        await pending
-        await queue.close()
-
-    asyncio.run(main())
-
-
-def test_deadline_passes_without_any_worker() -> None:
-    async def main() -> ExecuteResult:
-        queue = LocalQueue(_settings(max_queue_wait_s=0.1))
-        await queue.start()
-        [result] = await asyncio.wait_for(queue.submit([ExecuteRequest(code="x")]), 5)
-        await queue.close()
-        return result
-
-    result = asyncio.run(main())
-    assert result.status is Status.queue_timeout and result.queue_time_s >= 0.1
-
-
-def test_same_id_joins_running_job_and_then_hits_the_cache() -> None:
-    async def main() -> None:
-        queue = LocalQueue(_settings())
-        await queue.start()
-        request = ExecuteRequest(code="once", id="k1")
-        first = asyncio.create_task(queue.submit([request]))
-        second = asyncio.create_task(queue.submit([request, request]))
-        await asyncio.sleep(0)
-        assert await queue.depth() == (1, 0)  # one job for three submissions
-        await _echo_worker(queue, 1)
-        assert [r.stdout for r in await first] == ["once"]
-        assert [r.stdout for r in await second] == ["once", "once"]
-        again = await queue.submit([request])  # answered from the cache, no worker needed
-        assert again[0].stdout == "once"
-        await queue.close()
-
-    asyncio.run(main())
 
 
 def test_shutdown_rejects_what_never_started() -> None:
