@@ -176,9 +176,6 @@ class ExecuteRequest(BaseModel):
             raise ValueError(why)
         return value
 
-    def decoded_files(self) -> dict[str, bytes]:
-        return {check_relative_path(p): base64.b64decode(d) for p, d in self.files.items()}
-
 
 class ExecuteResult(BaseModel):
     """What happened to one request. ``message`` says why for every status but ok and error."""

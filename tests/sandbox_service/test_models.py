@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-
 import pytest
 from pydantic import ValidationError
 
@@ -36,8 +34,3 @@ def test_errors_name_the_field() -> None:
     fields = {e["loc"][0] for e in info.value.errors()}
     assert fields == {"language", "files"}
     assert "supported: python" in str(info.value)
-
-
-def test_decoded_files() -> None:
-    r = ExecuteRequest(code="1", files={"./a/b.bin": base64.b64encode(b"\x00\x01").decode()})
-    assert r.decoded_files() == {"a/b.bin": b"\x00\x01"}
