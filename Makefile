@@ -18,12 +18,14 @@ install: $(VENV)/.installed
 
 test: install
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 serve: install
 	$(VENV)/bin/sandbox-service serve

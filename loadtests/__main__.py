@@ -176,12 +176,14 @@ def local_pid(url: str) -> int | None:
 def watcher_for(
     url: str, pids: list[int], scratch: list[str], args: argparse.Namespace
 ) -> Watcher | None:
-    found = local_pid(url) if not pids else None
-    if not pids and found is None:
-        print(f"not sampling the server of {url}: no local PID (give --server-pid)",
-              file=sys.stderr)  # fmt: skip
-        return None
-    return Watcher(pids or [found], first(url), scratch, args.sample_interval)
+    if not pids:
+        found = local_pid(url)
+        if found is None:
+            print(f"not sampling the server of {url}: no local PID (give --server-pid)",
+                  file=sys.stderr)  # fmt: skip
+            return None
+        pids = [found]
+    return Watcher(pids, first(url), scratch, args.sample_interval)
 
 
 def service_status(url: str) -> dict[str, Any]:
@@ -257,9 +259,9 @@ async def main_async(args: argparse.Namespace, out_dir: str) -> list[Run]:
         runs.append(await one_run(target, workload, plan, args, watcher, url))
         runs[0].notes.append(f"service status at the end: {service_status(url)}")
     if second is not None:
-        target, bplan, name = second
+        btarget, bplan, name = second
         bwatch = watcher_for(args.baseline, [], [], args) if name.startswith("http") else None
-        runs.append(await one_run(target, workload, bplan, args, bwatch, name))
+        runs.append(await one_run(btarget, workload, bplan, args, bwatch, name))
     return runs
 
 

@@ -37,7 +37,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 from urllib.parse import urlsplit
@@ -125,7 +125,7 @@ class Bench:
             self.floors["floor-light"] = Floor(s.slots, None)
         for floor in self.floors.values():
             stack.callback(floor.stop)
-        jobs = [asyncio.to_thread(f.start) for f in self.floors.values()]
+        jobs: list[Awaitable[object]] = [asyncio.to_thread(f.start) for f in self.floors.values()]
         jobs.append(asyncio.to_thread(self._start_service, stack))
         if "service-full" in self.modes:
             jobs.append(asyncio.to_thread(self._start_service, stack, "service-full"))

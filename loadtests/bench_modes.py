@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from loadtests.cpu import Meter, PerExecution
 from loadtests.floor import WARM, Floor
@@ -63,7 +64,7 @@ async def bare_mode(
     request = {"code": code, "stdin": "", "mode": "script", "files": {}, "timeout_s": 30,
                "memory_mb": 1024}  # fmt: skip
     latencies: list[float] = []
-    wrong = [0, ""]
+    wrong: list[Any] = [0, ""]
 
     async def slot_loop(index, todo) -> None:  # type: ignore[no-untyped-def]
         slot = pool.zygote_for(index, code)  # as the service's worker chooses

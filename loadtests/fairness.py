@@ -160,7 +160,9 @@ async def run(url: str, keys: dict[str, str], args: argparse.Namespace) -> dict[
             return await slot_seconds(ops)
 
         # What is still out at the end runs on (drained before the next phase): not counted.
-        after, *_ = await asyncio.gather(at_the_end(), *work)
+        ending = asyncio.ensure_future(at_the_end())
+        await asyncio.gather(ending, *work)
+        after = ending.result()
         phases[name] = {t: _summary(tally, start, until) for t, tally in tallies.items()}
         # The server's own count: slot time from taking a job to answering it (wall_time_s
         # leaves out fork, set-up and the answer, which is most of a light program's slot).

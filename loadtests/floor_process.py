@@ -77,7 +77,7 @@ def prepare(modules: list[str], warmup: str) -> dict[str, object]:
 
 def send(fd: int, message: object) -> None:
     """A message on a pipe: its length (4 bytes) and its ``marshal`` form."""
-    body = marshal.dumps(message)
+    body = marshal.dumps(message)  # type: ignore[arg-type]  # typing is not imported here
     data = memoryview(len(body).to_bytes(4, "little") + body)
     while data:
         data = data[os.write(fd, data) :]

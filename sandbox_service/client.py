@@ -92,7 +92,7 @@ class Retry:
                 return min(float(retry_after), self.max_backoff_s)
             except ValueError:
                 pass
-        base = min(self.backoff_s * (2**attempt), self.max_backoff_s)
+        base = min(self.backoff_s * 2.0**attempt, self.max_backoff_s)
         return base * (0.5 + random.random() / 2)
 
 

@@ -134,7 +134,7 @@ def command_result(result: ExecuteResult, stdout: str, stderr: str) -> CommandRu
     code = None if outcome.fusion == "TimeLimitExceeded" else return_code(result)
     return CommandRunResult(
         status=outcome.fusion,
-        execution_time=result.wall_time_s,  # type: ignore[arg-type]
+        execution_time=result.wall_time_s,
         return_code=code,
         stdout=stdout,
         stderr=stderr,
@@ -227,7 +227,7 @@ async def run_code(request: Request) -> Response:
         RunCodeResponse(
             status=status,
             message=message,
-            run_result=command,  # type: ignore[arg-type]
+            run_result=command,
             executor_pod_name=result.worker or None,
             files=driven.files,
         )
@@ -278,7 +278,7 @@ async def run_jupyter(request: Request) -> Response:
         RunJupyterResponse(
             status=status,
             message=message,
-            driver=command,  # type: ignore[arg-type]
+            driver=command,
             cells=_cells(driven),
             executor_pod_name=result.worker or None,
             files=driven.files,

@@ -163,8 +163,9 @@ def env_of(c: Doc) -> dict[str, str]:
 def settings_of(c: Doc) -> Settings:
     """The settings object the container's SANDBOX_* variables make (defaults elsewhere)."""
     env = env_of(c)
-    return Settings(**{k.removeprefix("SANDBOX_").lower(): v for k, v in env.items()
-                       if k.startswith("SANDBOX_")})  # fmt: skip
+    fields: dict[str, Any] = {k.removeprefix("SANDBOX_").lower(): v for k, v in env.items()
+                              if k.startswith("SANDBOX_")}  # fmt: skip
+    return Settings(**fields)
 
 
 def setting(c: Doc, name: str) -> Any:

@@ -125,7 +125,7 @@ def test_demultiplex_splits_stdout_from_stderr() -> None:
         return bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
 
     async def scenario() -> tuple[bytes, list[bytes]]:
-        raw, out, errs = asyncio.StreamReader(), asyncio.StreamReader(), []
+        raw, out, errs = asyncio.StreamReader(), asyncio.StreamReader(), list[bytes]()
         raw.feed_data(frame(STDOUT, b"he") + frame(STDERR, b"warn\n") + frame(STDOUT, b"llo"))
         raw.feed_data(frame(STDOUT, b"!")[:5])  # cut mid-header: end of stream
         raw.feed_eof()

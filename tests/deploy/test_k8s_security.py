@@ -272,7 +272,7 @@ def test_autoscalers_read_metrics_the_service_exports(overlay: str) -> None:
 def test_prometheus_adapter_serves_what_the_hpa_asks_for() -> None:
     folder = K8S / "components" / "prometheus-hpa"
     values = yaml.safe_load((folder / "prometheus-adapter.values.yaml").read_text())
-    served = {"Pods": set(), "External": set()}
+    served: dict[str, set[str]] = {"Pods": set(), "External": set()}
     for kind, rules in (
         ("Pods", values["rules"]["custom"]),
         ("External", values["rules"]["external"]),

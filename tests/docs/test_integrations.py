@@ -71,7 +71,7 @@ def test_rstar2_tool_config(compat_service: ServiceProcess) -> None:
     assert f"http://{config['host_addr']}:{config['host_port']}" == DOC_URL
     # The URL and body rStar2-Agent's run_tool_calls_on_server_async builds.
     url = f"{compat_service.url}/run/long-batch"
-    call = {"name": "python_code_with_standard_io",
+    call: dict[str, Any] = {"name": "python_code_with_standard_io",
             "arguments": {"code": "print(sum(map(int, input().split())))", "input": "1 2 3"}}  # fmt: skip
     body = {"type": "batch", "submissions": [
         {"type": "python", "solution": call["arguments"]["code"],
@@ -108,7 +108,9 @@ def test_openai_tool_schema_drives_the_tool(trl_tool: Any) -> None:
     text = ('<tool_call>{"name": "python_code_with_standard_io", "arguments": '
             '{"code": "import math\\nprint(math.comb(int(input()), 2))", "input": "10"}}'
             "</tool_call>")  # fmt: skip
-    call = json.loads(re.search(r"<tool_call>(.*?)</tool_call>", text, re.S).group(1))
+    found = re.search(r"<tool_call>(.*?)</tool_call>", text, re.S)
+    assert found is not None
+    call = json.loads(found.group(1))
     tools = {schema["function"]["name"]: trl_tool}
     assert tools[call["name"]](**call["arguments"]) == "45\n"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -14,10 +15,10 @@ TRIVIAL = ("print(sum(range(1000)))", "499500\n")
 
 
 @pytest.fixture
-def light() -> Floor:
+def light() -> Iterator[Floor]:
     floor = Floor(2, None)
     floor.start()
-    yield floor  # type: ignore[misc]
+    yield floor
     floor.stop()
 
 

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -23,7 +24,7 @@ from tests.sandbox_service.redis_helpers import RedisServer
 ROOT = os.geteuid() == 0
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_ENV = {"HOME": "/tmp", "TMPDIR": "/tmp"}  # what deploy/Dockerfile sets
-FAST = {"slots": 1, "preload": "math", "warmup": ""}
+FAST: dict[str, Any] = {"slots": 1, "preload": "math", "warmup": ""}
 PROGRAM = "import os\nopen('here.txt', 'w').write('x')\nprint(6 * 7, os.getcwd() != '')"
 
 
@@ -112,7 +113,7 @@ def test_worker_node_executes_started_from_tmp(
 
 
 @pytest.fixture(scope="module")
-def nobody_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+def nobody_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Python the unprivileged user can run, with this package installed (this one may live
     under root's home, closed to other users)."""
     if not ROOT or shutil.which("setpriv") is None:

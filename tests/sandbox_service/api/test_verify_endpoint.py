@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import httpx
 
@@ -16,7 +17,7 @@ def _verify(service: ServiceProcess, items: list[dict], **extra: object) -> list
 
 
 def test_equal_forms_wrong_answers_and_missing_boxes(service: ServiceProcess) -> None:
-    items = [
+    items: list[dict[str, Any]] = [
         {"response": "so \\boxed{\\frac{1}{2}}", "reference": "0.5"},
         {"response": "\\boxed{2\\sqrt{2}}", "reference": "\\sqrt{8}"},
         {"response": "\\boxed{13}", "reference": "12"},

@@ -4,6 +4,7 @@ with the Redis queue is tested in ``test_contract.py``."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from sandbox_service.settings import Settings
 from sandbox_service.tenants import Tenant
 
 
-def _settings(**overrides: object) -> Settings:
+def _settings(**overrides: Any) -> Settings:
     return Settings(**{"max_queue_depth": 10, "max_queue_wait_s": 60, **overrides})
 
 

@@ -215,7 +215,7 @@ def test_background_loops_survive_an_unexpected_error(
 
     async def main() -> None:
         queue = await _api(settings)
-        real, failed = queue.sweep, []
+        real, failed = queue.sweep, list[bool]()
 
         async def sweep_failing_once() -> None:
             if not failed:
