@@ -94,7 +94,7 @@ class RedisJobSource:
         self.cluster_depth = 0
         self.finished = asyncio.Event()  # burst mode: nothing left to take
         self.describe: Callable[[], dict[str, Any]] = dict
-        self._ready: deque[Job] = deque()  # taken, not yet started
+        self._unstarted: deque[Job] = deque()  # taken, not yet started
         self._getters: deque[asyncio.Future[None]] = deque()
         self._held: dict[bytes, Held] = {}
         self._chunk_of: dict[Job, Held] = {}
@@ -135,11 +135,11 @@ class RedisJobSource:
 
     async def get(self) -> Job | None:
         while self._taking:
-            if self._ready:
-                job = self._ready.popleft()
+            if self._unstarted:
+                job = self._unstarted.popleft()
                 self._chunk_of[job].running += 1
                 job.started = time.monotonic()
-                if len(self._ready) < self.settings.slots:
+                if len(self._unstarted) < self.settings.slots:
                     self._want_more.set()
                 return job
             self._want_more.set()
@@ -160,7 +160,7 @@ class RedisJobSource:
         held.running -= 1
         held.took += time.monotonic() - job.started
         job.attempts += 1
-        self._ready.appendleft(job)
+        self._unstarted.appendleft(job)
         wake(self._getters, 1)
         self._settle_if_done(held)
 
@@ -169,7 +169,7 @@ class RedisJobSource:
     async def _fetch_forever(self) -> None:
         failures = 0
         while self._taking:
-            if len(self._ready) >= self.settings.slots or self._holding_a_retry():
+            if len(self._unstarted) >= self.settings.slots or self._holding_a_retry():
                 self._want_more.clear()
                 await self._want_more.wait()
                 continue
@@ -258,7 +258,7 @@ class RedisJobSource:
         self._held[entry_id] = held
         for job in jobs:
             self._chunk_of[job] = held
-        self._ready.extend(jobs)
+        self._unstarted.extend(jobs)
         wake(self._getters, len(jobs))
 
     def _reclaim(self, entries: list[tuple[bytes, dict[bytes, bytes] | None]]) -> int:
@@ -316,7 +316,7 @@ class RedisJobSource:
         for job in unanswered:  # only when stopping: they go back untouched
             self._chunk_of.pop(job, None)
             with contextlib.suppress(ValueError):
-                self._ready.remove(job)
+                self._unstarted.remove(job)
         self._queue_settle(
             Settlement(
                 held.id,
