@@ -1,5 +1,2 @@
-"""The HTTP front: native API, health and metrics, and (later) compatibility fronts."""
-
-from sandbox_service.api.app import create_app
-
-__all__ = ["create_app"]
+"""The HTTP front: the native API, health and metrics, and the compatibility fronts (``app``
+wires them)."""

@@ -1,12 +1,2 @@
-"""Transports between API nodes and slots: in-process (embedded) and Redis (scale-out)."""
-
-from sandbox_service.queue.base import (
-    Job,
-    JobSource,
-    Queue,
-    QueueFull,
-    QueueUnavailable,
-)
-from sandbox_service.queue.local import LocalQueue
-
-__all__ = ["Job", "JobSource", "LocalQueue", "Queue", "QueueFull", "QueueUnavailable"]
+"""Transports between API nodes and slots: ``local`` (embedded) and ``redis`` (scale-out), both
+behind the interfaces of ``base``."""

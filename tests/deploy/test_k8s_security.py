@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from sandbox_service.http_server import DELIVERY_GRACE_S
+from sandbox_service.queue.redis.keys import GROUP, Keys
 from sandbox_service.settings import Settings
 from tests.deploy.manifests import (
     K8S,
@@ -294,13 +295,8 @@ REDIS_STREAMS_PARAMETERS = {
 
 
 def job_stream_and_group() -> tuple[str, str]:
-    """The job stream and consumer group, from the Redis queue's key schema once it is
-    merged; until then, the names of its interface."""
-    try:
-        from sandbox_service.queue import keys  # type: ignore[attr-defined]
-    except ImportError:
-        return "sandbox:jobs", "workers"
-    return keys.Keys(Settings().redis_prefix).jobs, keys.GROUP
+    """The job stream and consumer group, from the Redis queue's key schema."""
+    return Keys(Settings().redis_prefix).jobs, GROUP
 
 
 @pytest.mark.parametrize("overlay", [o for o in OVERLAYS if o != "no-keda"])
