@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -80,6 +81,14 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(**overrides)
 
 
+def configure_logging(level: str) -> None:
+    """For the long-running commands (serve, api, worker): one line per record, to stderr."""
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
 # ---------------------------------------------------------------- serve
 
 
@@ -87,6 +96,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from sandbox_service.http_server import serve
 
+    configure_logging(settings.log_level)
     serve(settings)
     return 0
 
@@ -175,6 +185,7 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
     from sandbox_service.http_server import serve
     from sandbox_service.runtime.redis import RedisRuntime
 
+    configure_logging(settings.log_level)
     serve(settings, RedisRuntime(settings))
     return 0
 
@@ -191,6 +202,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from sandbox_service.executor.slot import SlotStartError
     from sandbox_service.worker_node import run_worker
 
+    configure_logging(settings.log_level)
     try:
         return run_worker(settings, burst=args.burst)
     except (SlotStartError, IsolationUnavailable) as exc:

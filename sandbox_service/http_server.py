@@ -8,7 +8,6 @@ answers of requests in flight, then the lifespan stops the slots (no child left 
 from __future__ import annotations
 
 import asyncio
-import logging
 from types import FrameType
 
 import uvicorn
@@ -36,15 +35,7 @@ class Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-
-
 def serve(settings: Settings, runtime: Runtime | None = None) -> None:
-    configure_logging(settings.log_level)
     # Executions may share our uid (the non-root fallback): keep our /proc and memory theirs not.
     set_dumpable(False)
     rt: Runtime = runtime if runtime is not None else EmbeddedRuntime(settings)

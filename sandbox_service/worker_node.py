@@ -101,9 +101,6 @@ class WorkerNode:
 
 
 def run_worker(settings: Settings, burst: bool = False) -> int:
-    from sandbox_service.http_server import configure_logging
-
-    configure_logging(settings.log_level)
     node = WorkerNode(settings, burst)
     try:
         import uvloop
