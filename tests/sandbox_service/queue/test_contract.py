@@ -17,13 +17,18 @@ from typing import Any
 
 import pytest
 
-from sandbox_service.metrics import Metrics
-from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
+from sandbox_service.models import ExecuteRequest, Status
 from sandbox_service.queue.base import JobSource, Queue, QueueFull
 from sandbox_service.queue.local import LocalQueue
-from sandbox_service.queue.redis.consumer import RedisJobSource
-from sandbox_service.queue.redis.producer import RedisQueue
 from sandbox_service.settings import Settings
+from tests.sandbox_service.queue.stand_ins import (
+    api_queue,
+    echo,
+    redis_settings,
+    run,
+    started_source,
+)
+from tests.sandbox_service.redis_helpers import RedisServer
 
 
 @dataclass
@@ -31,16 +36,17 @@ class Transport:
     """How to open a queue of one kind with some settings, and a job source beside it."""
 
     name: str
-    base: dict[str, Any]
+    redis: RedisServer | None = None
+    prefix: str = ""
 
     @asynccontextmanager
     async def open(
         self, **overrides: Any
     ) -> AsyncIterator[tuple[Queue, Callable[[], Awaitable[JobSource]]]]:
-        settings = Settings(**{**self.base, **overrides})
+        overrides = {"max_queue_depth": 10, **overrides}
         async with AsyncExitStack() as stack:
-            if self.name == "local":
-                local = LocalQueue(settings)
+            if self.redis is None:
+                local = LocalQueue(Settings(**{"max_queue_wait_s": 30, **overrides}))
                 await local.start()
                 stack.push_async_callback(local.close)
 
@@ -49,13 +55,12 @@ class Transport:
 
                 yield local, same_queue
                 return
-            queue = RedisQueue(settings, Metrics())
-            await queue.start()
+            settings = redis_settings(self.redis, self.prefix, **overrides)
+            queue = await api_queue(settings)
             stack.push_async_callback(queue.close)
 
             async def source() -> JobSource:
-                taker = RedisJobSource(settings, Metrics(), "w1")
-                await taker.start(lambda: {"slots": 2, "busy": 0, "executions": 0})
+                taker = await started_source(settings)
                 stack.push_async_callback(taker.close)
                 return taker
 
@@ -64,29 +69,10 @@ class Transport:
 
 @pytest.fixture(params=["local", "redis"])
 def transport(request: pytest.FixtureRequest) -> Transport:
-    base: dict[str, Any] = {"max_queue_depth": 10, "max_queue_wait_s": 30}
-    if request.param == "redis":
-        redis = request.getfixturevalue("redis_server")
-        base |= {
-            "redis_url": redis.url, "redis_prefix": request.getfixturevalue("prefix"),
-            "slots": 2, "chunk_size": 8, "heartbeat_interval_s": 0.1,
-            "visibility_timeout_s": 0.5,
-        }  # fmt: skip
-    return Transport(request.param, base)
-
-
-def _run(main: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(asyncio.wait_for(main(), 30))
-
-
-async def _echo(source: JobSource, count: int) -> None:
-    """A stand-in slot loop: answers ``count`` jobs with their code as stdout."""
-    for _ in range(count):
-        job = await source.get()
-        assert job is not None
-        await source.done(
-            job, ExecuteResult(id=job.request.id, status=Status.ok, stdout=job.request.code)
-        )
+    if request.param == "local":
+        return Transport("local")
+    redis = request.getfixturevalue("redis_server")
+    return Transport("redis", redis, request.getfixturevalue("prefix"))
 
 
 async def _held(queue: Queue, jobs: int) -> None:
@@ -98,12 +84,12 @@ async def _held(queue: Queue, jobs: int) -> None:
 def test_results_in_request_order(transport: Transport) -> None:
     async def main() -> None:
         async with transport.open() as (queue, source):
-            echo = asyncio.create_task(_echo(await source(), 8))
+            echoing = asyncio.create_task(echo(await source(), 8))
             results = await queue.submit([ExecuteRequest(code=str(i)) for i in range(8)])
-            await echo
+            await echoing
             assert [r.stdout for r in results] == [str(i) for i in range(8)]
 
-    _run(main)
+    run(main)
 
 
 def test_full_queue_refuses_the_whole_batch(transport: Transport) -> None:
@@ -115,10 +101,10 @@ def test_full_queue_refuses_the_whole_batch(transport: Transport) -> None:
                 await queue.submit([ExecuteRequest(code="b")] * 2)
             assert (info.value.depth, info.value.limit, info.value.retry_after) == (4, 5, 3)
             assert sum(await queue.depth()) == 4  # the refused batch left nothing behind
-            await _echo(await source(), 4)
+            await echo(await source(), 4)
             assert [r.stdout for r in await pending] == ["a"] * 4
 
-    _run(main)
+    run(main)
 
 
 def test_deadline_passes_with_no_worker_at_all(transport: Transport) -> None:
@@ -131,7 +117,7 @@ def test_deadline_passes_with_no_worker_at_all(transport: Transport) -> None:
             assert "not started within 0.5 s" in results[0].message
             assert sum(await queue.depth()) == 0  # answered and removed: nothing runs it
 
-    _run(main)
+    run(main)
 
 
 def test_same_id_runs_once_then_is_answered_from_the_results_kept(transport: Transport) -> None:
@@ -143,10 +129,10 @@ def test_same_id_runs_once_then_is_answered_from_the_results_kept(transport: Tra
             await _held(queue, 1)
             await asyncio.sleep(0.1)  # the second submission joins rather than queues
             assert sum(await queue.depth()) == 1  # one job for three submissions
-            await _echo(await source(), 1)
+            await echo(await source(), 1)
             assert [r.stdout for r in await first] == ["once"]
             assert [r.stdout for r in await second] == ["once", "once"]
             again = await queue.submit([request])  # kept: answered with no worker
             assert again[0].stdout == "once"
 
-    _run(main)
+    run(main)

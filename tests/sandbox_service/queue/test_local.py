@@ -13,20 +13,11 @@ from sandbox_service.queue.base import QueueUnavailable, QuotaExceeded, ResultCa
 from sandbox_service.queue.local import LocalQueue
 from sandbox_service.settings import Settings
 from sandbox_service.tenants import Tenant
+from tests.sandbox_service.queue.stand_ins import echo
 
 
 def _settings(**overrides: Any) -> Settings:
     return Settings(**{"max_queue_depth": 10, "max_queue_wait_s": 60, **overrides})
-
-
-async def _echo_worker(queue: LocalQueue, count: int) -> None:
-    """A stand-in consumer that answers each job with its own code as stdout."""
-    for _ in range(count):
-        job = await queue.get()
-        assert job is not None
-        await queue.done(
-            job, ExecuteResult(id=job.request.id, status=Status.ok, stdout=job.request.code)
-        )
 
 
 def test_shutdown_rejects_what_never_started() -> None:
@@ -139,7 +130,7 @@ def test_max_in_flight_caps_a_tenant_and_max_queued_refuses_it_alone() -> None:
         for job in (first, second):
             await queue.done(job, ExecuteResult(status=Status.ok))
         await other
-        await _echo_worker(queue, 2)
+        await echo(queue, 2)
         assert len(await pending) == 3
         await queue.close()
 
@@ -152,7 +143,7 @@ def test_a_flood_leaves_a_slot_to_a_tenant_that_was_active_just_now() -> None:
         await queue.start()
         light, flood = Tenant("light"), Tenant("flood")
         first = asyncio.create_task(queue.submit([ExecuteRequest(code="l")], light))
-        await _echo_worker(queue, 1)
+        await echo(queue, 1)
         await first
         pending = asyncio.create_task(queue.submit([ExecuteRequest(code="f")] * 4, flood))
         await asyncio.sleep(0)
@@ -167,7 +158,7 @@ def test_a_flood_leaves_a_slot_to_a_tenant_that_was_active_just_now() -> None:
         await queue.done(job, ExecuteResult(status=Status.ok))
         await queue.done(taken, ExecuteResult(status=Status.ok))
         await light_again
-        await _echo_worker(queue, 3)
+        await echo(queue, 3)
         await pending
         await queue.close()
 

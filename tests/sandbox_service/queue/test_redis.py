@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,56 +20,29 @@ from sandbox_service.metrics import Metrics
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
 from sandbox_service.queue.base import QueueUnavailable
 from sandbox_service.queue.redis.connection import stop_tasks
-from sandbox_service.queue.redis.consumer import RedisJobSource
 from sandbox_service.queue.redis.keys import Keys
 from sandbox_service.queue.redis.producer import RedisQueue
 from sandbox_service.service_process import free_port
 from sandbox_service.settings import Settings
+from tests.sandbox_service.queue.stand_ins import (
+    api_queue,
+    echo,
+    redis_settings,
+    run,
+    started_source,
+)
 from tests.sandbox_service.redis_helpers import RedisServer
-
-
-def _settings(redis: RedisServer, prefix: str, **overrides: Any) -> Settings:
-    base: dict[str, Any] = {
-        "redis_url": redis.url, "redis_prefix": prefix, "slots": 2, "chunk_size": 8,
-        "heartbeat_interval_s": 0.1, "visibility_timeout_s": 0.5, "max_queue_wait_s": 30,
-    }  # fmt: skip
-    return Settings(**{**base, **overrides})
-
-
-def _run(main: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(asyncio.wait_for(main(), 30))
-
-
-async def _echo(source: RedisJobSource, count: int, name: str = "echo") -> None:
-    """A stand-in worker: answers ``count`` jobs with their code as stdout."""
-    for _ in range(count):
-        job = await source.get()
-        assert job is not None
-        await source.done(job, ExecuteResult(id=job.request.id, status=Status.ok,
-                                             stdout=job.request.code, worker=name))  # fmt: skip
-
-
-async def _started(settings: Settings, name: str = "w1") -> RedisJobSource:
-    source = RedisJobSource(settings, Metrics(), name)
-    await source.start(lambda: {"slots": settings.slots, "busy": 0, "executions": 0})
-    return source
-
-
-async def _api(settings: Settings) -> RedisQueue:
-    queue = RedisQueue(settings, Metrics())
-    await queue.start()
-    return queue
 
 
 def test_results_in_order_in_chunks_with_few_round_trips(
     redis_server: RedisServer, prefix: str
 ) -> None:
-    settings = _settings(redis_server, prefix)
+    settings = redis_settings(redis_server, prefix)
 
     async def main() -> None:
-        queue, source = await _api(settings), await _started(settings)
+        queue, source = await api_queue(settings), await started_source(settings)
         trips = queue.link.round_trips + source.link.round_trips
-        worker = asyncio.create_task(_echo(source, 50))
+        worker = asyncio.create_task(echo(source, 50))
         results = await queue.submit([ExecuteRequest(code=str(i)) for i in range(50)])
         await worker
         assert [r.stdout for r in results] == [str(i) for i in range(50)]
@@ -83,21 +56,21 @@ def test_results_in_order_in_chunks_with_few_round_trips(
         await source.close()
         await queue.close()
 
-    _run(main)
+    run(main)
 
 
 def test_same_id_runs_once_across_api_nodes(redis_server: RedisServer, prefix: str) -> None:
-    settings = _settings(redis_server, prefix)
+    settings = redis_settings(redis_server, prefix)
 
     async def main() -> None:
-        a, b = await _api(settings), await _api(settings)
+        a, b = await api_queue(settings), await api_queue(settings)
         request = ExecuteRequest(code="once", id="k1")
         first = asyncio.create_task(a.submit([request, request]))
         second = asyncio.create_task(b.submit([request]))
         await asyncio.sleep(0.2)
         assert (await a.cluster()).depth == 1  # three submissions, one job
-        source = await _started(settings)
-        await _echo(source, 1)
+        source = await started_source(settings)
+        await echo(source, 1)
         assert [r.stdout for r in await first] == ["once", "once"]
         assert [r.stdout for r in await second] == ["once"]
         again = await b.submit([request])  # stored: answered with no worker
@@ -105,23 +78,23 @@ def test_same_id_runs_once_across_api_nodes(redis_server: RedisServer, prefix: s
         for closing in (source.close(), a.close(), b.close()):
             await closing
 
-    _run(main)
+    run(main)
 
 
 def test_chunks_of_a_dead_worker_are_taken_over_job_by_job(
     redis_server: RedisServer, prefix: str
 ) -> None:
-    settings = _settings(redis_server, prefix, max_attempts=2, chunk_size=4)
+    settings = redis_settings(redis_server, prefix, max_attempts=2, chunk_size=4)
 
     async def main() -> None:
-        queue = await _api(settings)
+        queue = await api_queue(settings)
         pending = asyncio.create_task(queue.submit([ExecuteRequest(code=str(i)) for i in range(4)]))
-        dead = await _started(settings, "dead")
+        dead = await started_source(settings, "dead")
         job = await dead.get()  # it takes the chunk, starts a job, and dies
         assert job is not None
         await dead.vanish()
-        survivor = await _started(settings, "survivor")
-        await _echo(survivor, 4, "survivor")
+        survivor = await started_source(settings, "survivor")
+        await echo(survivor, 4, "survivor")
         results = await pending
         assert [r.stdout for r in results] == ["0", "1", "2", "3"]
         assert {r.worker for r in results} == {"survivor"}
@@ -131,11 +104,11 @@ def test_chunks_of_a_dead_worker_are_taken_over_job_by_job(
         pending = asyncio.create_task(queue.submit([ExecuteRequest(code="poison")]))
         doomed = []
         for name in ("dead2", "dead3"):
-            doomed.append(await _started(settings, name))
+            doomed.append(await started_source(settings, name))
             job = await doomed[-1].get()
             assert job is not None and job.request.code == "poison"
             await doomed[-1].vanish()
-        last = await _started(settings, "last")
+        last = await started_source(settings, "last")
         [result] = await pending  # answered by the last worker's heartbeat
         assert result.status is Status.internal_error
         assert "vanished 2 times" in result.message and "max_attempts=2" in result.message
@@ -145,39 +118,39 @@ def test_chunks_of_a_dead_worker_are_taken_over_job_by_job(
         for source in (dead, *doomed):
             await source.link.close()
 
-    _run(main)
+    run(main)
 
 
 def test_stopping_worker_hands_back_what_it_had_not_started(
     redis_server: RedisServer, prefix: str
 ) -> None:
-    settings = _settings(redis_server, prefix, visibility_timeout_s=30)
+    settings = redis_settings(redis_server, prefix, visibility_timeout_s=30)
 
     async def main() -> None:
-        queue = await _api(settings)
+        queue = await api_queue(settings)
         pending = asyncio.create_task(queue.submit([ExecuteRequest(code=str(i)) for i in range(8)]))
-        leaving = await _started(settings, "leaving")
+        leaving = await started_source(settings, "leaving")
         job = await leaving.get()
         assert job is not None
         leaving.stop_taking()
         await leaving.done(job, ExecuteResult(status=Status.ok, stdout=job.request.code))
         await leaving.close()
-        staying = await _started(settings, "staying")
-        await _echo(staying, 7)  # well before the visibility timeout: handed back, not reclaimed
+        staying = await started_source(settings, "staying")
+        await echo(staying, 7)  # well before the visibility timeout: handed back, not reclaimed
         assert [r.stdout for r in await pending] == [str(i) for i in range(8)]
         status = await queue.cluster()
         assert status.reclaimed == 0 and [w.name for w in status.workers] == ["staying"]
         await staying.close()
         await queue.close()
 
-    _run(main)
+    run(main)
 
 
 def test_redis_that_lost_its_data_is_noticed(redis_server: RedisServer, prefix: str) -> None:
-    settings = _settings(redis_server, prefix)
+    settings = redis_settings(redis_server, prefix)
 
     async def main() -> None:
-        queue = await _api(settings)
+        queue = await api_queue(settings)
         pending = asyncio.create_task(queue.submit([ExecuteRequest(code="x")] * 3))
         await asyncio.sleep(0.2)
         keys = Keys(prefix)
@@ -187,7 +160,7 @@ def test_redis_that_lost_its_data_is_noticed(redis_server: RedisServer, prefix: 
         assert "lost the queue" in results[0].message
         await queue.close()
 
-    _run(main)
+    run(main)
 
 
 def test_unreachable_redis_is_an_explicit_error() -> None:
@@ -204,17 +177,17 @@ def test_unreachable_redis_is_an_explicit_error() -> None:
         assert time.monotonic() - started < 5
         await queue.close()
 
-    _run(main)
+    run(main)
 
 
 def test_background_loops_survive_an_unexpected_error(
     redis_server: RedisServer, prefix: str
 ) -> None:
     """A loop that died silently would leave requests waiting until their clients gave up."""
-    settings = _settings(redis_server, prefix, max_queue_wait_s=0.3)
+    settings = redis_settings(redis_server, prefix, max_queue_wait_s=0.3)
 
     async def main() -> None:
-        queue = await _api(settings)
+        queue = await api_queue(settings)
         real, failed = queue.sweep, list[bool]()
 
         async def sweep_failing_once() -> None:
@@ -228,7 +201,7 @@ def test_background_loops_survive_an_unexpected_error(
         assert failed and {r.status for r in results} == {Status.queue_timeout}
         await queue.close()
 
-    _run(main)
+    run(main)
 
 
 def test_sweep_survives_a_restart_noticed_by_a_submit_meanwhile(
@@ -236,12 +209,12 @@ def test_sweep_survives_a_restart_noticed_by_a_submit_meanwhile(
 ) -> None:
     """A submit that sees a new epoch forgets every chunk while a sweep waits on Redis; the
     sweep then finds the chunk it settled gone (a KeyError once, which killed the loop)."""
-    settings = _settings(redis_server, prefix, max_queue_wait_s=0.3)
+    settings = redis_settings(redis_server, prefix, max_queue_wait_s=0.3)
 
     async def main() -> None:
-        queue = await _api(settings)
+        queue = await api_queue(settings)
         await stop_tasks(queue._tasks)  # this test sweeps by hand
-        source = await _started(settings)
+        source = await started_source(settings)
         pending = asyncio.create_task(queue.submit([ExecuteRequest(code="x")] * 2))
         assert await source.get() is not None  # a worker took the chunk and holds it
         await asyncio.sleep(0.4)  # past its start-by time: due, but delivered
@@ -259,7 +232,7 @@ def test_sweep_survives_a_restart_noticed_by_a_submit_meanwhile(
         await source.close()
         await queue.close()
 
-    _run(main)
+    run(main)
 
 
 def test_a_second_restart_is_noticed_when_the_same_node_reaches_redis_first(
@@ -268,7 +241,7 @@ def test_a_second_restart_is_noticed_when_the_same_node_reaches_redis_first(
     """Each epoch is a fresh value: when node A sets it after two restarts in a row, node B
     must still see the second one (with a value per node, it saw the same epoch again and
     waited for ever on what the restart lost; found by the fault soak)."""
-    settings = _settings(own_redis, prefix)
+    settings = redis_settings(own_redis, prefix)
 
     async def restart_and_sweep_a_first(a: RedisQueue, b: RedisQueue) -> None:
         await asyncio.to_thread(own_redis.stop)
@@ -278,8 +251,8 @@ def test_a_second_restart_is_noticed_when_the_same_node_reaches_redis_first(
         await a.sweep()
 
     async def main() -> None:
-        a = await _api(settings)
-        b = await _api(settings)
+        a = await api_queue(settings)
+        b = await api_queue(settings)
         for task in (*a._tasks, *b._tasks):
             task.cancel()  # this test sweeps by hand, A first
         for restart in range(2):
@@ -295,4 +268,4 @@ def test_a_second_restart_is_noticed_when_the_same_node_reaches_redis_first(
         await a.close()
         await b.close()
 
-    _run(main)
+    run(main)

@@ -19,16 +19,22 @@ from sandbox_service.queue.redis.consumer import RedisJobSource
 from sandbox_service.queue.redis.producer import RedisQueue
 from sandbox_service.settings import Settings
 from sandbox_service.tenants import Tenant
-from tests.sandbox_service.queue.test_redis import _api, _echo, _run, _settings, _started
+from tests.sandbox_service.queue.stand_ins import (
+    api_queue,
+    echo,
+    redis_settings,
+    run,
+    started_source,
+)
 from tests.sandbox_service.redis_helpers import RedisServer
 
 
 def test_same_id_of_two_tenants_is_two_jobs(redis_server: RedisServer, prefix: str) -> None:
-    settings = _settings(redis_server, prefix)
+    settings = redis_settings(redis_server, prefix)
 
     async def main() -> None:
-        queue, source = await _api(settings), await _started(settings)
-        worker = asyncio.create_task(_echo(source, 2))
+        queue, source = await api_queue(settings), await started_source(settings)
+        worker = asyncio.create_task(echo(source, 2))
         a = await queue.submit([ExecuteRequest(code="a's", id="k")], Tenant("a"))
         b = await queue.submit([ExecuteRequest(code="b's", id="k")], Tenant("b"))
         await worker
@@ -38,29 +44,29 @@ def test_same_id_of_two_tenants_is_two_jobs(redis_server: RedisServer, prefix: s
         await source.close()
         await queue.close()
 
-    _run(main)
+    run(main)
 
 
 def test_quota_refuses_its_tenant_and_nobody_else(redis_server: RedisServer, prefix: str) -> None:
-    settings = _settings(redis_server, prefix)
+    settings = redis_settings(redis_server, prefix)
 
     async def main() -> None:
-        queue = await _api(settings)
+        queue = await api_queue(settings)
         small = Tenant("small", max_queued=3)
         pending = asyncio.create_task(queue.submit([ExecuteRequest(code="s")] * 3, small))
         await asyncio.sleep(0.2)
         with pytest.raises(QuotaExceeded, match="'small' is over its quota max_queued: 3 jobs"):
             await queue.submit([ExecuteRequest(code="s")], small)
         other = asyncio.create_task(queue.submit([ExecuteRequest(code="o")], Tenant("other")))
-        source = await _started(settings)
-        await _echo(source, 4)
+        source = await started_source(settings)
+        await echo(source, 4)
         assert len(await pending) == 3 and (await other)[0].stdout == "o"
         await asyncio.sleep(0.3)  # a sweep reads the per-tenant counts
         assert queue.tenant_counts() == {}
         await source.close()
         await queue.close()
 
-    _run(main)
+    run(main)
 
 
 async def _run_for(
@@ -80,10 +86,10 @@ async def _run_for(
 
 
 def test_workers_take_by_weight_across_tenants(redis_server: RedisServer, prefix: str) -> None:
-    settings = _settings(redis_server, prefix, slots=1, chunk_size=1, max_queue_wait_s=60)
+    settings = redis_settings(redis_server, prefix, slots=1, chunk_size=1, max_queue_wait_s=60)
 
     async def main() -> list[str]:
-        queue = await _api(settings)
+        queue = await api_queue(settings)
         heavy = asyncio.create_task(
             queue.submit([ExecuteRequest(code="0.01")] * 300, Tenant("heavy"))
         )
@@ -91,7 +97,7 @@ def test_workers_take_by_weight_across_tenants(redis_server: RedisServer, prefix
             queue.submit([ExecuteRequest(code="0.01")] * 300, Tenant("light", weight=3))
         )
         await asyncio.sleep(0.3)
-        source = await _started(settings)
+        source = await started_source(settings)
         order: list[str] = []
         await _run_for(source, 1.5, order, [])
         await source.vanish()
@@ -101,7 +107,7 @@ def test_workers_take_by_weight_across_tenants(redis_server: RedisServer, prefix
         await source.link.close()
         return order
 
-    order = _run(main)
+    order = run(main)
     counts = Counter(order[5:])  # past the first turns, while their means are measured
     share = counts["light"] / sum(counts.values())
     assert 0.65 < share < 0.85, counts
@@ -110,14 +116,14 @@ def test_workers_take_by_weight_across_tenants(redis_server: RedisServer, prefix
 def test_max_in_flight_holds_across_a_worker_with_room(
     redis_server: RedisServer, prefix: str
 ) -> None:
-    settings = _settings(redis_server, prefix, slots=4)
+    settings = redis_settings(redis_server, prefix, slots=4)
 
     async def main() -> None:
-        queue = await _api(settings)
+        queue = await api_queue(settings)
         capped = Tenant("capped", max_in_flight=2)
         pending = asyncio.create_task(queue.submit([ExecuteRequest(code="0.02")] * 12, capped))
         await asyncio.sleep(0.2)
-        source = await _started(settings)
+        source = await started_source(settings)
         held: list[int] = []
         await _run_for(source, 10.0, [], held, most=12)
         assert max(held) <= 2, held  # chunks of at most 2, and never more than 2 taken at once
@@ -125,7 +131,7 @@ def test_max_in_flight_holds_across_a_worker_with_room(
         await source.close()
         await queue.close()
 
-    _run(main)
+    run(main)
 
 
 # ---------------------------------------------------------------- Redis with auth and TLS
@@ -133,15 +139,15 @@ def test_max_in_flight_holds_across_a_worker_with_room(
 
 def _roundtrip(settings: Settings) -> None:
     async def main() -> None:
-        queue, source = await _api(settings), await _started(settings)
-        worker = asyncio.create_task(_echo(source, 2))
+        queue, source = await api_queue(settings), await started_source(settings)
+        worker = asyncio.create_task(echo(source, 2))
         results = await queue.submit([ExecuteRequest(code="one"), ExecuteRequest(code="two")])
         await worker
         assert [r.stdout for r in results] == ["one", "two"]
         await source.close()
         await queue.close()
 
-    _run(main)
+    run(main)
 
 
 def _own(tmp_path: Path, *args: str, tls: bool = False) -> RedisServer:
@@ -156,9 +162,9 @@ def test_password_from_a_file(tmp_path: Path, prefix: str) -> None:
     server = _own(tmp_path, "--requirepass", "s3cret-pw")
     try:
         (tmp_path / "pw").write_text("s3cret-pw\n")
-        settings = _settings(server, prefix, redis_password_file=str(tmp_path / "pw"))
+        settings = redis_settings(server, prefix, redis_password_file=str(tmp_path / "pw"))
         _roundtrip(settings)
-        unauthenticated = _settings(server, prefix)
+        unauthenticated = redis_settings(server, prefix)
 
         async def refused() -> None:
             queue = RedisQueue(unauthenticated, Metrics())
@@ -168,7 +174,7 @@ def test_password_from_a_file(tmp_path: Path, prefix: str) -> None:
             assert not ok and "s3cret" not in why
             await queue.close()
 
-        _run(refused)
+        run(refused)
     finally:
         server.stop()
 
@@ -180,9 +186,9 @@ def test_an_acl_user_limited_to_the_prefix(tmp_path: Path, prefix: str) -> None:
     server = _own(tmp_path, "--user", *rule.split(), "--user", "default", "off")
     try:
         url = server.url.replace("redis://", "redis://queue:user-pw@")
-        _roundtrip(_settings(server, prefix, redis_url=url))
+        _roundtrip(redis_settings(server, prefix, redis_url=url))
         (tmp_path / "pw").write_text("user-pw")
-        plain = _settings(server, prefix, redis_username="queue",
+        plain = redis_settings(server, prefix, redis_username="queue",
                           redis_password_file=str(tmp_path / "pw"))  # fmt: skip
         _roundtrip(plain)
     finally:
@@ -220,14 +226,14 @@ def test_tls_with_a_private_ca(tmp_path: Path, prefix: str) -> None:
         url = server.url.replace("rediss://", "rediss://:tls-pw@")
         assert url.startswith("rediss://")
         options: dict[str, Any] = {"redis_url": url, "redis_tls_ca_file": str(pem["ca"])}
-        _roundtrip(_settings(server, prefix, **options))
+        _roundtrip(redis_settings(server, prefix, **options))
 
         async def untrusted() -> None:  # without the CA the certificate is refused
-            queue = RedisQueue(_settings(server, prefix, redis_url=url), Metrics())
+            queue = RedisQueue(redis_settings(server, prefix, redis_url=url), Metrics())
             with pytest.raises(QueueUnavailable, match=r"(?i)certificate"):
                 await queue.submit([ExecuteRequest(code="x")])
             await queue.close()
 
-        _run(untrusted)
+        run(untrusted)
     finally:
         server.stop()
