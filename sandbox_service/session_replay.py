@@ -9,24 +9,10 @@ killed and cleaned at the end), nothing is held between calls but a few strings,
 crash loses nothing, and the cost is bounded by ``session_max_cells``. The seed makes a
 replayed history draw the same random numbers it drew the first time.
 
-Semantics (docs/integrations.md says the same):
-
-- A cell that ends ``ok`` is appended; any other ending (error, timeout, limits, never ran)
-  leaves the session exactly as before the call, side effects included: the next call
-  replays only the good cells.
-- Calls on one session run one at a time, in the order they arrive (within a batch: in
-  request order); calls on different sessions run in parallel.
-- The replay counts against the new call's ``timeout_s``. A history that no longer replays
-  (a cell that read the clock or a file that is gone, and now raises) ends the session: the
-  call is answered ``error`` saying so, and the id starts afresh next time.
-- A session unused for ``session_ttl_s`` is forgotten; a forgotten or unknown id starts
-  empty. ``session_max_cells`` good cells at most (a call beyond is refused with 422);
-  ``session_max`` sessions at most (the least recently used is forgotten).
-- A request ``id`` resubmitted on a session returns the stored result and is not appended
-  twice. Sessions live in the API node that served them: behind several API nodes, route a
-  session's calls to one node.
-- A session belongs to its tenant: another tenant naming the same ``session_id`` gets a
-  session of its own, empty, and cannot read or end this one.
+What a session promises (a failed cell leaves no trace, calls on one session run in order, the
+limits, the routing behind several API nodes) is written once, in docs/integrations.md. A
+session also belongs to its tenant: another tenant naming the same ``session_id`` gets an
+empty session of its own.
 """
 
 from __future__ import annotations
