@@ -7,6 +7,7 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 
 import httpx
 
@@ -24,7 +25,7 @@ def wait_until_admitted(url: str, jobs: int, timeout_s: float = 20) -> None:
     raise AssertionError(f"{jobs} jobs were never admitted")
 
 
-def processes_of(uids: set[int | None]) -> list[int]:
+def processes_of(uids: AbstractSet[int | None]) -> list[int]:
     """Pids of every process whose owner is one of ``uids`` (a slot's leftovers)."""
     found = []
     for entry in os.listdir("/proc"):
