@@ -10,9 +10,11 @@ could claim them would forge its own reward. So each such status needs a fact th
   child closes the pipe first thing after setup, see ``runner.close_setup_channel``);
 - ``timeout``: the zygote's own clock, or SIGXCPU with the tree's CPU time (the kernel's
   accounting of every process reaped) at the CPU limit;
-- ``memory_limit``: the run failed and the tree's peak resident memory (the kernel's, from
-  ``wait4``) reached the limit; an allocation refused outright, far beyond the limit, never
-  takes memory the parent can see, and is the program's own ``MemoryError``: ``error``;
+- ``memory_limit``: the memory cgroup counted an OOM kill during the run (or, without one,
+  the parent's sampling found the tree over the limit and killed it: ``memory.py``), or the
+  run failed and the tree's peak resident memory (the kernel's, from ``wait4``) reached the
+  limit; an allocation refused outright, far beyond the limit, never takes memory the parent
+  can see, and is the program's own ``MemoryError``: ``error``;
 - ``output_limit``: the zygote's own count of captured bytes.
 
 Anything else the program did to itself (a signal, an exit code) is ``error`` or ``ok``.
@@ -24,6 +26,7 @@ import os
 import signal
 from dataclasses import dataclass
 
+from sandbox_service.executor.memory import MemoryOutcome
 from sandbox_service.executor.supervise import SETUP_ERROR, Capture, Watch
 
 MIB = 1024 * 1024
@@ -47,6 +50,7 @@ class Observed:
     base_rss_bytes: int  # the zygote's own resident memory, which a child starts with
     memory_mb: int  # the request's memory limit above the interpreter
     timeout_s: float
+    tree: MemoryOutcome | None = None  # the cgroup's or the sampler's view of the whole tree
 
 
 def memory_reached(seen: Observed) -> bool:
@@ -66,6 +70,18 @@ def _signalled(sig: int, seen: Observed) -> tuple[str, str]:
 
 def verdict(seen: Observed, outputs: list[Capture]) -> tuple[str, int | None, int | None, str]:
     """(status, exit_code, signal, message) of one execution."""
+    judged, code, sig, message = _by_process(seen, outputs)
+    tree = seen.tree
+    # The tree went over together (the kernel killed one of its processes for the limit, or
+    # the sampler all of them): unless a limit the parent enforces ended the run first.
+    if tree is not None and tree.oom_killed and judged in ("ok", "error"):
+        why = f"memory limit of {seen.memory_mb} MiB exceeded by the execution's processes"
+        return "memory_limit", code, sig, f"{why} together ({tree.how})"
+    return judged, code, sig, message
+
+
+def _by_process(seen: Observed, outputs: list[Capture]) -> tuple[str, int | None, int | None, str]:
+    """The verdict from how the child ended and what the parent enforced, the tree aside."""
     status = seen.wait_status
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None

@@ -519,6 +519,7 @@ class Zygote:
             base_rss_bytes=self.base_rss,
             memory_mb=int(req["memory_mb"]),
             timeout_s=timeout_s,
+            tree=tree,
         )
         verdict_, code, sig, message = judge.verdict(observed, [out, err])
         result = {
@@ -531,10 +532,10 @@ class Zygote:
             "stderr_truncated": err.truncated,
             "wall_time_s": round(seen.end - start, 6),
             "cpu_time_s": round(tree_cpu, 6),
-            "peak_memory_mb": round(usage.ru_maxrss / 1024, 3),
+            "peak_memory_mb": memory.peak_mb(tree, round(usage.ru_maxrss / 1024, 3)),
             "message": message,
         }
-        return memory.judged(result, tree, int(req["memory_mb"]))
+        return result
 
 
 def serve(sock: socket.socket, zygote: Zygote) -> None:
