@@ -15,9 +15,9 @@ import logging
 import os
 import socket
 import time
-from typing import Any
 
 from sandbox_service.executor.pool import SlotPool
+from sandbox_service.executor.protocol import Mode, Outcome, RunSpec, RunStatus
 from sandbox_service.executor.slot import CanaryFailed, Slot, SlotCrashed, SlotStartError
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import ExecuteResult, Status
@@ -39,17 +39,11 @@ def default_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def zygote_request(job: Job) -> dict[str, Any]:
+def zygote_request(job: Job) -> RunSpec[str]:
     """The executor's view of a request: what to run and under which limits, nothing else."""
     r = job.request
-    return {
-        "code": r.code,
-        "stdin": r.stdin,
-        "mode": r.mode.value,
-        "files": r.files,
-        "timeout_s": r.timeout_s,
-        "memory_mb": r.memory_mb,
-    }
+    return RunSpec(code=r.code, stdin=r.stdin, mode=Mode(r.mode.value), files=r.files,
+                   timeout_s=r.timeout_s, memory_mb=r.memory_mb)  # fmt: skip
 
 
 class Worker:
@@ -156,15 +150,23 @@ class Worker:
             log.warning("%s (attempt %d of %d)", exc, job.attempts + 1, MAX_ATTEMPTS)
             if job.attempts + 1 < MAX_ATTEMPTS:
                 return None
-            outcome = {
-                "status": "internal_error",
-                "message": f"{exc}; gave up after {MAX_ATTEMPTS} attempts",
-            }
+            why = f"{exc}; gave up after {MAX_ATTEMPTS} attempts"
+            outcome = Outcome(status=RunStatus.internal_error, message=why)
         return ExecuteResult(
             id=job.request.id,
+            status=Status(outcome.status.value),
+            exit_code=outcome.exit_code,
+            signal=outcome.signal,
+            stdout=outcome.stdout,
+            stderr=outcome.stderr,
+            stdout_truncated=outcome.stdout_truncated,
+            stderr_truncated=outcome.stderr_truncated,
+            wall_time_s=outcome.wall_time_s,
+            cpu_time_s=outcome.cpu_time_s,
+            peak_memory_mb=outcome.peak_memory_mb,
             queue_time_s=round(started - job.enqueued_at, 6),
             worker=f"{self.name}/{slot.index}",
-            **outcome,
+            message=outcome.message,
         )
 
     async def stop(self, grace_s: float) -> None:

@@ -27,7 +27,7 @@ import socket
 import sys
 import sysconfig
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sandbox_service.executor import (
@@ -44,6 +44,14 @@ from sandbox_service.executor import (
 )
 from sandbox_service.executor import isolation as iso
 from sandbox_service.executor.memory import SlotCgroup
+from sandbox_service.executor.protocol import (
+    IsolationReport,
+    Outcome,
+    RunSpec,
+    RunStatus,
+    StartReport,
+    ZygoteConfig,
+)
 from sandbox_service.executor.reset import Reset, Scratch
 
 MIB = 1024 * 1024
@@ -51,27 +59,6 @@ SETUP_FAILED = 125
 SETUP_ERROR = supervise.SETUP_ERROR
 CLEANUP_GRACE_S = 2.0
 SHM_MB = 64
-
-
-@dataclass
-class ZygoteConfig:
-    """What a zygote is told at start. Never holds a secret: children inherit its memory."""
-
-    slot: int
-    uid: int | None = None
-    gid: int | None = None
-    layers: list[str] = field(
-        default_factory=lambda: ["net", "ipc", "pid", "mount", "uid", "seccomp", "memory"]
-    )
-    preload: list[str] = field(default_factory=list)
-    warmup: str = ""
-    work_root: str = "/tmp/sandbox-service"
-    hide_paths: list[str] = field(default_factory=lambda: ["/root", "/home", "/run"])
-    tmpfs_mb: int = 256
-    max_processes: int = 64
-    max_open_files: int = 256
-    max_file_mb: int = 64
-    max_output_bytes: int = 256 * 1024
 
 
 @dataclass
@@ -96,8 +83,8 @@ class Confinement:
     # exhausting the host's pids, not to give each execution its own budget.
     shared_process_limit: int | None = None
 
-    def report(self) -> dict[str, bool | str]:
-        layers: dict[str, bool | str] = {
+    def report(self) -> IsolationReport:
+        layers = {
             "net": self.net,
             "ipc": self.ipc,
             "pid": self.pid,
@@ -107,8 +94,7 @@ class Confinement:
             "memory": self.memory,
             "rlimits": True,
         }
-        layers.update({f"{name}_note": note for name, note in self.notes.items()})
-        return layers
+        return IsolationReport(layers, dict(self.notes))
 
 
 # ---------------------------------------------------------------- start-up
@@ -324,26 +310,31 @@ def _tree_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _decode_request(req: dict[str, Any], buffer: payload.Payload) -> tuple[str, dict[str, str]]:
-    """The code and files of ``req``, decoded in the child's own memory; then the child's copy
+def _decode_request(
+    spec: RunSpec[memoryview], buffer: payload.Payload
+) -> tuple[str, dict[str, str]]:
+    """The code and files of ``spec``, decoded in the child's own memory; then the child's copy
     of the zygote's buffer is zeroed, so that nothing forked off user code finds the request
     there (a driver's spec travels on stdin: ``driver.py``)."""
-    code = bytes(req["code"]).decode("utf-8", "surrogatepass")
-    files = protocol.decode_payload("files", bytes(req["files"])) if "files" in req else {}
+    code = bytes(spec.code).decode("utf-8", "surrogatepass")
+    files = spec.files
+    if isinstance(files, memoryview):
+        files = protocol.decode_payload("files", bytes(files))
     buffer.wipe()
     return code, files or {}
 
 
-def child(req: dict[str, Any], cfg: ZygoteConfig, conf: Confinement, pipes: supervise.Pipes,
-          workdir: str, zygote_pid: int, buffer: payload.Payload) -> None:  # fmt: skip
+def child(spec: RunSpec[memoryview], cfg: ZygoteConfig, conf: Confinement,
+          pipes: supervise.Pipes, workdir: str, zygote_pid: int,
+          buffer: payload.Payload) -> None:  # fmt: skip
     """Confine this freshly forked process (descriptors already in place) and run the program;
     never returns."""
-    code, files = _decode_request(req, buffer)
+    code, files = _decode_request(spec, buffer)
     uid = cfg.uid if conf.uid and cfg.uid is not None else os.getuid()
     gid = (cfg.gid if cfg.gid is not None else uid) if conf.uid else os.getgid()
     iso.set_limits(
-        address_space=conf.base_address_space + int(req["memory_mb"]) * MIB,
-        cpu_seconds=cpu_limit_s(float(req["timeout_s"])),
+        address_space=conf.base_address_space + spec.memory_mb * MIB,
+        cpu_seconds=cpu_limit_s(spec.timeout_s),
         file_size=cfg.max_file_mb * MIB,
         open_files=cfg.max_open_files,
         processes=cfg.max_processes if conf.uid else conf.shared_process_limit,
@@ -361,7 +352,7 @@ def child(req: dict[str, Any], cfg: ZygoteConfig, conf: Confinement, pipes: supe
     if conf.filter is not None:
         iso.no_new_privs()
         conf.filter.load()
-    runner.main(code, req.get("mode", "script"), workdir)
+    runner.main(code, spec.mode.value, workdir)
 
 
 def make_work_root(path: str) -> None:
@@ -439,7 +430,7 @@ class Zygote:
             self.unclean = why
             self.dirty = True
 
-    def _fork(self, req: dict[str, Any], pipes: supervise.Pipes, workdir: str) -> int:
+    def _fork(self, spec: RunSpec[memoryview], pipes: supervise.Pipes, workdir: str) -> int:
         pid = os.fork()
         if pid == 0:
             os.setsid()
@@ -449,7 +440,7 @@ class Zygote:
             os.dup2(pipes.st_w, runner.STATUS_FD)
             os.closerange(runner.STATUS_FD + 1, 1 << 16)
             try:
-                child(req, self.cfg, self.conf, pipes, workdir, self.pid, self.payload)
+                child(spec, self.cfg, self.conf, pipes, workdir, self.pid, self.payload)
             except BaseException as exc:
                 try:
                     msg = f"{SETUP_ERROR.decode()} {type(exc).__name__}: {exc}"
@@ -472,16 +463,17 @@ class Zygote:
                 self.dirty = True
         return status, usage
 
-    def execute(self, req: dict[str, Any]) -> dict[str, Any]:
+    def execute(self, spec: RunSpec[memoryview]) -> Outcome[memoryview]:
         self.runs += 1
-        timeout_s = float(req["timeout_s"])
+        timeout_s = spec.timeout_s
         workdir = self._workdir()
-        pipes = supervise.Pipes.open(req.get("stdin", b""))
+        stdin = spec.stdin if isinstance(spec.stdin, memoryview) else b""  # "": none sent
+        pipes = supervise.Pipes.open(stdin)
         if self.conf.cgroup is not None:
-            self.conf.cgroup.begin(int(req["memory_mb"]))
+            self.conf.cgroup.begin(spec.memory_mb)
         cpu_before = _tree_cpu_s()
         start = time.monotonic()
-        pid = self._fork(req, pipes, workdir)
+        pid = self._fork(spec, pipes, workdir)
         pipes.close_child_ends()
         pidfd = os.pidfd_open(pid)
         cap = self.cfg.max_output_bytes
@@ -491,7 +483,7 @@ class Zygote:
         }
         try:
             cgroup = self.conf.cgroup
-            sampler = memory.TreeSampler(int(req["memory_mb"])) if cgroup is None else None
+            sampler = memory.TreeSampler(spec.memory_mb) if cgroup is None else None
             alarm = cgroup.oom_alarm if cgroup is not None else None
             over = sampler.over if sampler is not None else None
             seen = supervise.watch(pidfd, streams, timeout_s, start, alarm, over)
@@ -517,25 +509,24 @@ class Zygote:
             cpu_limit_s=cpu_limit_s(timeout_s),
             peak_rss_bytes=usage.ru_maxrss * 1024,
             base_rss_bytes=self.base_rss,
-            memory_mb=int(req["memory_mb"]),
+            memory_mb=spec.memory_mb,
             timeout_s=timeout_s,
             tree=tree,
         )
         verdict_, code, sig, message = judge.verdict(observed, [out, err])
-        result = {
-            "status": verdict_,
-            "exit_code": code,
-            "signal": sig,
-            "stdout": out.data(),  # sent from the payload buffer, never copied into the heap
-            "stderr": err.data(),
-            "stdout_truncated": out.truncated,
-            "stderr_truncated": err.truncated,
-            "wall_time_s": round(seen.end - start, 6),
-            "cpu_time_s": round(tree_cpu, 6),
-            "peak_memory_mb": memory.peak_mb(tree, round(usage.ru_maxrss / 1024, 3)),
-            "message": message,
-        }
-        return result
+        return Outcome(
+            status=RunStatus(verdict_),
+            exit_code=code,
+            signal=sig,
+            stdout=out.data(),  # sent from the payload buffer, never copied into the heap
+            stderr=err.data(),
+            stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated,
+            wall_time_s=round(seen.end - start, 6),
+            cpu_time_s=round(tree_cpu, 6),
+            peak_memory_mb=memory.peak_mb(tree, round(usage.ru_maxrss / 1024, 3)),
+            message=message,
+        )
 
 
 def serve(sock: socket.socket, zygote: Zygote) -> None:
@@ -543,16 +534,18 @@ def serve(sock: socket.socket, zygote: Zygote) -> None:
         msg = zygote.receive(sock)
         if msg is None or msg.get("op") == "exit":
             return
+        result: Outcome[memoryview]
         try:
-            result = zygote.execute(msg)
+            result = zygote.execute(RunSpec.from_frame(msg))
         except Exception as exc:  # a fault of ours, never the program's
-            result = {"status": "internal_error", "message": f"zygote: {type(exc).__name__}: {exc}"}
+            why = f"zygote: {type(exc).__name__}: {exc}"
+            result = Outcome(status=RunStatus.internal_error, message=why)
             zygote.dirty = True  # whatever broke may break the next run too: start afresh
         if zygote.dirty:
-            result["recycle"] = True
-            why = zygote.unclean or result.get("message") or "could not clean up"
+            result = replace(result, recycle=True)
+            why = zygote.unclean or result.message or "could not clean up"
             print(f"zygote of slot {zygote.cfg.slot}: recycled: {why}", file=sys.stderr)
-        protocol.send(sock, result)
+        protocol.send(sock, result.frame())
         del msg, result  # their views into the payload buffer
         zygote.payload.wipe()
         if zygote.dirty:
@@ -595,19 +588,16 @@ def main(argv: list[str]) -> None:
     conf.base_address_space = mem.get("VmSize", 0)
     if not conf.uid:
         conf.shared_process_limit = iso.count_processes_of(os.getuid()) + 4 * cfg.max_processes
-    protocol.send(
-        sock,
-        {
-            "op": "ready",
-            "pid": os.getpid(),
-            "isolation": conf.report(),
-            "preload_failed": failed,
-            "rss_mb": round(mem.get("VmRSS", 0) / MIB, 1),
-            "address_space_mb": round(conf.base_address_space / MIB, 1),
-            "huge_pages_mb": huge_mb,
-            "cgroup": conf.cgroup.path if conf.cgroup is not None else None,
-        },
+    report = StartReport(
+        pid=os.getpid(),
+        isolation=conf.report(),
+        preload_failed=failed,
+        rss_mb=round(mem.get("VmRSS", 0) / MIB, 1),
+        address_space_mb=round(conf.base_address_space / MIB, 1),
+        huge_pages_mb=huge_mb,
+        cgroup=conf.cgroup.path if conf.cgroup is not None else None,
     )
+    protocol.send(sock, report.frame())
     serve(sock, Zygote(cfg, conf, base_rss=mem.get("VmRSS", 0), buffer=buffer))
 
 
