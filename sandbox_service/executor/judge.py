@@ -7,7 +7,7 @@ says the service or one of its limits ended the run (``internal_error``, ``timeo
 could claim them would forge its own reward. So each such status needs a fact the parent saw:
 
 - ``internal_error``: a setup failure, written on the status pipe before user code runs (the
-  child closes the pipe first thing after setup, see ``runner.close_setup_channel``);
+  child closes the pipe first thing after setup, see ``child.close_setup_channel``);
 - ``timeout``: the zygote's own clock, or SIGXCPU with the tree's CPU time (the kernel's
   accounting of every process reaped) at the CPU limit;
 - ``memory_limit``: the memory cgroup counted an OOM kill during the run (or, without one,
@@ -27,7 +27,7 @@ import signal
 from dataclasses import dataclass
 
 from sandbox_service.executor.memory import MemoryOutcome
-from sandbox_service.executor.supervise import SETUP_ERROR, Capture, Watch
+from sandbox_service.executor.monitor import SETUP_ERROR, Capture, Watch
 
 MIB = 1024 * 1024
 # The share of memory_mb above the zygote's own resident memory that counts as "reached": an

@@ -156,7 +156,7 @@ class SlotCgroup:
 
 class TreeSampler:
     """Where there is no cgroup: the parent sums the private memory (USS: pages no other
-    process maps) of every process of the tree, every ``supervise.SAMPLE_S``, and ends the run
+    process maps) of every process of the tree, every ``monitor.SAMPLE_S``, and ends the run
     when it is over the limit. Approximate: growth between two samples goes unseen until the
     next, and pages shared only among the execution's own processes are not counted."""
 
