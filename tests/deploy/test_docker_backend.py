@@ -29,7 +29,13 @@ from sandbox_service.executor.docker_backend import (
     demultiplex,
 )
 from sandbox_service.executor.pool import SlotPool, launcher, zygote_config
-from sandbox_service.executor.protocol import IsolationReport, RunSpec, RunStatus, ZygoteConfig
+from sandbox_service.executor.protocol import (
+    IsolationReport,
+    RunSpec,
+    RunStatus,
+    StartReport,
+    ZygoteConfig,
+)
 from sandbox_service.executor.slot import Slot, launch_local
 from sandbox_service.settings import Settings
 
@@ -166,7 +172,8 @@ def test_bridge_speaks_frames_for_a_real_zygote(tmp_path: Any) -> None:
     assert bridge.stdin is not None and bridge.stdout is not None
     try:
         ready = _read_frame(bridge.stdout)
-        assert ready["op"] == "ready" and ready["isolation"]["container"] is True
+        assert ready["op"] == "ready"
+        assert StartReport.from_frame(ready).isolation.active("container")
         bridge.stdin.write(protocol.encode(RUN.frame()))
         bridge.stdin.flush()
         result = _read_frame(bridge.stdout)
