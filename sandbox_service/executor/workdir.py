@@ -14,9 +14,12 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sandbox_service.executor import ipc, wipe
-from sandbox_service.executor.protocol import ZygoteConfig
+
+if TYPE_CHECKING:  # Reset runs where only the standard library is (tests/.../test_wipe.py)
+    from sandbox_service.executor.protocol import ZygoteConfig
 
 SCRATCH_MODE = 0o1777  # root-owned and sticky, like a host's /tmp
 SHM_MB = 64
