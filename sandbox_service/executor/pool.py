@@ -16,11 +16,12 @@ from sandbox_service.executor import uids
 from sandbox_service.executor.imports import imports_only_stdlib, stdlib_only
 from sandbox_service.executor.protocol import IsolationReport, ZygoteConfig
 from sandbox_service.executor.slot import Launcher, Slot, SlotStartError, launch_local
-from sandbox_service.settings import Settings
+from sandbox_service.settings import ISOLATION_LAYERS, Settings
 
 log = logging.getLogger(__name__)
 
-OPTIONAL_LAYERS = ("net", "ipc", "pid", "mount", "uid", "seccomp", "memory")
+# What a zygote tries, each where the host allows it (rlimits always hold).
+OPTIONAL_LAYERS = tuple(layer for layer in ISOLATION_LAYERS if layer != "rlimits")
 
 
 class IsolationUnavailable(RuntimeError):
