@@ -159,7 +159,7 @@ class Zygote:
         )
         verdict_, code, sig, message = judge.verdict(observed, [out, err])
         return Outcome(
-            status=RunStatus(verdict_),
+            status=verdict_,
             exit_code=code,
             signal=sig,
             stdout=out.data(),  # sent from the payload buffer, never copied into the heap
