@@ -25,6 +25,7 @@ from loadtests.generator import Plan, Recorder, drive
 from loadtests.targets import Target
 from loadtests.workloads import Item
 from sandbox_service.executor.pool import SlotPool
+from sandbox_service.executor.protocol import RunSpec
 
 
 @dataclass
@@ -61,8 +62,7 @@ async def bare_mode(
     pool: SlotPool, workload: str, code: str, expected: str, n: int, meter: Meter
 ) -> Measurement:
     """Each slot runs requests back to back, pulling from one iterator."""
-    request = {"code": code, "stdin": "", "mode": "script", "files": {}, "timeout_s": 30,
-               "memory_mb": 1024}  # fmt: skip
+    request = RunSpec(code=code, timeout_s=30, memory_mb=1024)
     latencies: list[float] = []
     wrong: list[Any] = [0, ""]
 
@@ -72,9 +72,9 @@ async def bare_mode(
             t = time.monotonic()
             out = await slot.execute(request)
             latencies.append(time.monotonic() - t)
-            if out["stdout"] != expected:
+            if out.stdout != expected:
                 wrong[0] = int(wrong[0]) + 1
-                wrong[1] = wrong[1] or f"{out['status']}: {out['stdout'][-200:]}"
+                wrong[1] = wrong[1] or f"{out.status.value}: {out.stdout[-200:]}"
 
     warm = iter(range(2 * len(pool.slots)))
     await asyncio.gather(*(slot_loop(i, warm) for i in range(len(pool.slots))))

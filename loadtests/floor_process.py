@@ -67,7 +67,7 @@ def execute(code: str) -> tuple[bytes, int]:
 def prepare(modules: list[str], warmup: str) -> dict[str, object]:
     """The zygote's start-up, less its confinement: preload and warm, freeze, huge pages."""
     from sandbox_service.executor import isolation
-    from sandbox_service.executor.zygote import preload
+    from sandbox_service.executor.startup import preload
 
     failed = preload(modules, warmup)
     gc.collect()

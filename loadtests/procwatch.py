@@ -71,7 +71,7 @@ def all_procs() -> dict[int, Proc]:
 
 
 def past_keeper(pid: int, procs: dict[int, Proc]) -> int:
-    """The zygote itself where ``pid`` is its keeper (``executor.pidns``): the child that is
+    """The zygote itself where ``pid`` is its keeper (``executor.startup``): the child that is
     pid 1 of a namespace of its own, whose reaped children are the executions; else ``pid``."""
     for child in (p.pid for p in procs.values() if p.ppid == pid):
         with contextlib.suppress(OSError), open(f"/proc/{child}/status") as f:

@@ -13,11 +13,11 @@ that execution's stdin. Inside the confined child it splits in two processes:
   cell started runs during it), and tells the judge, before anything of the cell's can run
   again (its exception's ``__str__``, a display's ``__repr__``), whether the cell raised. It
   does so with functions it took hold of before the first cell ran, so a cell that replaces
-  ``runner.run``, ``builtins.exec``, ``os._exit`` or anything else it can name changes nothing
+  ``child.run``, ``builtins.exec``, ``os._exit`` or anything else it can name changes nothing
   of how later cells are run and judged; and it never sees the nonce nor a later cell's code.
 
 Why (issue 21, class 6): in one process, a cell could find the driver and its nonce on the
-stack and wrap ``runner.run`` so that later failing cells (a grader's ``assert``) were answered
+stack and wrap ``child.run`` so that later failing cells (a grader's ``assert``) were answered
 ok, and a session replayed the patch on every call. What stays possible is what any code
 sharing an interpreter can do to code that runs after it: a child process or an audit hook
 an earlier cell left running, or ctypes writing into the interpreter, acts during
@@ -230,7 +230,7 @@ def _kernel(commands: int, reports: int) -> None:  # noqa: C901
             if last is not None:
                 shown.append(eval_(last, namespace))
             status = 0
-        except system_exit as exc:  # its code says how the cell ended, as runner._exit_code
+        except system_exit as exc:  # its code says how the cell ended, as child._exit_code
             value: Any = exc.code
             status = 0 if value is None else (value & 0xFF if isinstance_(value, int_) else 1)
             raised = None if value is None or isinstance_(value, int_) else exc

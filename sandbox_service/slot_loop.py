@@ -13,9 +13,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
 
 from sandbox_service.executor.pool import SlotPool
+from sandbox_service.executor.protocol import Mode, Outcome, RunSpec, RunStatus
 from sandbox_service.executor.slot import CanaryFailed, Slot, SlotCrashed, SlotStartError
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import ExecuteResult, Status
@@ -33,17 +33,11 @@ def restart_backoff(failures: int) -> float:
     return 0.0 if failures <= 0 else min(MAX_BACKOFF_S, 0.5 * 2 ** (failures - 1))
 
 
-def zygote_request(job: Job) -> dict[str, Any]:
+def zygote_request(job: Job) -> RunSpec[str]:
     """The executor's view of a request: what to run and under which limits, nothing else."""
     r = job.request
-    return {
-        "code": r.code,
-        "stdin": r.stdin,
-        "mode": r.mode.value,
-        "files": r.files,
-        "timeout_s": r.timeout_s,
-        "memory_mb": r.memory_mb,
-    }
+    return RunSpec(code=r.code, stdin=r.stdin, mode=Mode(r.mode.value), files=r.files,
+                   timeout_s=r.timeout_s, memory_mb=r.memory_mb)  # fmt: skip
 
 
 class SlotLoop:
@@ -152,15 +146,23 @@ class SlotLoop:
             log.warning("%s (attempt %d of %d)", exc, job.attempts + 1, MAX_ATTEMPTS)
             if job.attempts + 1 < MAX_ATTEMPTS:
                 return None
-            outcome = {
-                "status": "internal_error",
-                "message": f"{exc}; gave up after {MAX_ATTEMPTS} attempts",
-            }
+            why = f"{exc}; gave up after {MAX_ATTEMPTS} attempts"
+            outcome = Outcome(status=RunStatus.internal_error, message=why)
         return ExecuteResult(
             id=job.request.id,
+            status=Status(outcome.status.value),
+            exit_code=outcome.exit_code,
+            signal=outcome.signal,
+            stdout=outcome.stdout,
+            stderr=outcome.stderr,
+            stdout_truncated=outcome.stdout_truncated,
+            stderr_truncated=outcome.stderr_truncated,
+            wall_time_s=outcome.wall_time_s,
+            cpu_time_s=outcome.cpu_time_s,
+            peak_memory_mb=outcome.peak_memory_mb,
             queue_time_s=round(started - job.enqueued_at, 6),
             worker=f"{self.name}/{slot.index}",
-            **outcome,
+            message=outcome.message,
         )
 
     async def stop(self, grace_s: float) -> None:

@@ -39,8 +39,8 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from sandbox_service.executor import protocol
+from sandbox_service.executor.protocol import IsolationReport, StartReport, ZygoteConfig
 from sandbox_service.executor.slot import SlotStartError
-from sandbox_service.executor.zygote import ZygoteConfig
 from sandbox_service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -261,20 +261,20 @@ class DockerLauncher:
 
 
 def container_report(
-    isolation: dict[str, Any], runtime: str, interfaces: list[str]
-) -> dict[str, Any]:
+    isolation: IsolationReport, runtime: str, interfaces: list[str]
+) -> IsolationReport:
     """The zygote's isolation report plus what its container gives. A container whose only
     network interface is loopback isolates the network as the zygote's own namespace would."""
-    report = dict(isolation)
-    report["container"] = True
-    report["container_note"] = (
+    layers = {**isolation.layers, "container": True}
+    notes = dict(isolation.notes)
+    notes["container"] = (
         f"docker container, runtime {runtime or 'default'}: no network, read-only root, "
         "pids and memory limits"
     )
-    if report.get("net") is not True and interfaces == ["lo"]:
-        report["net"] = True
-        report["net_note"] = "container network none: loopback only"
-    return report
+    if not isolation.active("net") and interfaces == ["lo"]:
+        layers["net"] = True
+        notes["net"] = "container network none: loopback only"
+    return IsolationReport(layers, notes)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -306,7 +306,9 @@ def main(argv: list[str]) -> int:
         return zygote.wait() or 1
     if ready.get("op") == "ready":
         interfaces = [name for _, name in socket.if_nameindex()]
-        ready["isolation"] = container_report(ready.get("isolation", {}), runtime, interfaces)
+        report = StartReport.from_frame(ready)
+        isolation = container_report(report.isolation, runtime, interfaces)
+        ready = replace(report, isolation=isolation).frame()
     _write_all(1, protocol.encode(ready))
     threading.Thread(target=_stdin_to, args=(parent,), daemon=True).start()
     while chunk := parent.recv(CHUNK):

@@ -12,7 +12,6 @@ read-only). See docs/SECURITY.md.
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import resource
 import signal
@@ -311,7 +310,3 @@ def memory_status() -> dict[str, int]:
                 key, value = line.split(":", 1)
                 out[key] = int(value.split()[0]) * 1024
     return out
-
-
-def is_permission_error(exc: OSError) -> bool:
-    return exc.errno in (errno.EPERM, errno.EACCES, errno.EINVAL, errno.ENOSYS)

@@ -7,12 +7,14 @@ says the service or one of its limits ended the run (``internal_error``, ``timeo
 could claim them would forge its own reward. So each such status needs a fact the parent saw:
 
 - ``internal_error``: a setup failure, written on the status pipe before user code runs (the
-  child closes the pipe first thing after setup, see ``runner.close_setup_channel``);
+  child closes the pipe first thing after setup, see ``child.close_setup_channel``);
 - ``timeout``: the zygote's own clock, or SIGXCPU with the tree's CPU time (the kernel's
   accounting of every process reaped) at the CPU limit;
-- ``memory_limit``: the run failed and the tree's peak resident memory (the kernel's, from
-  ``wait4``) reached the limit; an allocation refused outright, far beyond the limit, never
-  takes memory the parent can see, and is the program's own ``MemoryError``: ``error``;
+- ``memory_limit``: the memory cgroup counted an OOM kill during the run (or, without one,
+  the parent's sampling found the tree over the limit and killed it: ``memory.py``), or the
+  run failed and the tree's peak resident memory (the kernel's, from ``wait4``) reached the
+  limit; an allocation refused outright, far beyond the limit, never takes memory the parent
+  can see, and is the program's own ``MemoryError``: ``error``;
 - ``output_limit``: the zygote's own count of captured bytes.
 
 Anything else the program did to itself (a signal, an exit code) is ``error`` or ``ok``.
@@ -24,7 +26,9 @@ import os
 import signal
 from dataclasses import dataclass
 
-from sandbox_service.executor.supervise import SETUP_ERROR, Capture, Watch
+from sandbox_service.executor.memory import MemoryOutcome
+from sandbox_service.executor.monitor import SETUP_ERROR, Capture, Watch
+from sandbox_service.executor.protocol import RunStatus
 
 MIB = 1024 * 1024
 # The share of memory_mb above the zygote's own resident memory that counts as "reached": an
@@ -32,6 +36,7 @@ MIB = 1024 * 1024
 # resident pages are not all mapped into the child.
 MEMORY_REACHED = 0.8
 CPU_REACHED = 0.99  # rusage is exact, the kernel checks RLIMIT_CPU per tick
+Verdict = tuple[RunStatus, int | None, int | None, str]  # status, exit code, signal, why
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class Observed:
     base_rss_bytes: int  # the zygote's own resident memory, which a child starts with
     memory_mb: int  # the request's memory limit above the interpreter
     timeout_s: float
+    tree: MemoryOutcome | None = None  # the cgroup's or the sampler's view of the whole tree
 
 
 def memory_reached(seen: Observed) -> bool:
@@ -55,32 +61,44 @@ def memory_reached(seen: Observed) -> bool:
     return above_base >= MEMORY_REACHED * seen.memory_mb * MIB
 
 
-def _signalled(sig: int, seen: Observed) -> tuple[str, str]:
+def _signalled(sig: int, seen: Observed) -> tuple[RunStatus, str]:
     name = signal.Signals(sig).name
     if sig == signal.SIGXCPU and seen.tree_cpu_s >= CPU_REACHED * seen.cpu_limit_s:
-        return "timeout", f"CPU-time limit of {seen.cpu_limit_s:g} s exceeded"
+        return RunStatus.timeout, f"CPU-time limit of {seen.cpu_limit_s:g} s exceeded"
     if sig == signal.SIGKILL and memory_reached(seen):
-        return "memory_limit", f"killed at the memory limit of {seen.memory_mb} MB"
-    return "error", f"terminated by {name} (not sent by the service)"
+        return RunStatus.memory_limit, f"killed at the memory limit of {seen.memory_mb} MB"
+    return RunStatus.error, f"terminated by {name} (not sent by the service)"
 
 
-def verdict(seen: Observed, outputs: list[Capture]) -> tuple[str, int | None, int | None, str]:
+def verdict(seen: Observed, outputs: list[Capture]) -> Verdict:
     """(status, exit_code, signal, message) of one execution."""
+    judged, code, sig, message = _by_process(seen, outputs)
+    tree = seen.tree
+    # The tree went over together (the kernel killed one of its processes for the limit, or
+    # the sampler all of them): unless a limit the parent enforces ended the run first.
+    if tree is not None and tree.oom_killed and judged in (RunStatus.ok, RunStatus.error):
+        why = f"memory limit of {seen.memory_mb} MiB exceeded by the execution's processes"
+        return RunStatus.memory_limit, code, sig, f"{why} together ({tree.how})"
+    return judged, code, sig, message
+
+
+def _by_process(seen: Observed, outputs: list[Capture]) -> Verdict:
+    """The verdict from how the child ended and what the parent enforced, the tree aside."""
     status = seen.wait_status
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     if seen.setup_note.startswith(SETUP_ERROR):
-        return "internal_error", code, sig, seen.setup_note.decode(errors="replace").strip()
+        return RunStatus.internal_error, code, sig, seen.setup_note.decode(errors="replace").strip()
     if seen.watch.reason == "timeout":
-        return "timeout", code, sig, f"wall-clock limit of {seen.timeout_s:g} s exceeded"
+        return RunStatus.timeout, code, sig, f"wall-clock limit of {seen.timeout_s:g} s exceeded"
     if seen.watch.reason == "output" or any(c.truncated for c in outputs):
         cap = outputs[0].cap
-        return "output_limit", code, sig, f"output exceeded {cap} bytes per stream"
+        return RunStatus.output_limit, code, sig, f"output exceeded {cap} bytes per stream"
     if sig is not None:
         judged, why = _signalled(sig, seen)
         return judged, code, sig, why
     if code == 0:
-        return "ok", code, sig, ""
+        return RunStatus.ok, code, sig, ""
     if memory_reached(seen):
-        return "memory_limit", code, sig, f"memory limit of {seen.memory_mb} MB reached"
-    return "error", code, sig, ""
+        return RunStatus.memory_limit, code, sig, f"memory limit of {seen.memory_mb} MB reached"
+    return RunStatus.error, code, sig, ""

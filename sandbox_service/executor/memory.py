@@ -12,8 +12,9 @@ with its OOM killer. The zygote itself is not the one taken: each child raises i
 may (CAP_SYS_RESOURCE). After the run the limit goes back to
 unlimited so that the zygote's own work between runs never meets it.
 
-The verdict is the parent's own observation: an OOM kill counted in the cgroup during the run
-means ``memory_limit``, whatever the processes exited with; the peak is the cgroup's high-water
+The verdict is the parent's own observation (``judge.py`` decides it from ``MemoryOutcome``): an
+OOM kill counted in the cgroup during the run means ``memory_limit``, whatever the processes
+exited with; the peak is the cgroup's high-water
 mark above what it held before the fork: the memory the whole tree added.
 
 The control files are opened before the zygote's mount namespace makes ``/sys`` read-only;
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 MIB = 1 << 20
 UNLIMITED_V1 = b"-1"
@@ -156,7 +156,7 @@ class SlotCgroup:
 
 class TreeSampler:
     """Where there is no cgroup: the parent sums the private memory (USS: pages no other
-    process maps) of every process of the tree, every ``supervise.SAMPLE_S``, and ends the run
+    process maps) of every process of the tree, every ``monitor.SAMPLE_S``, and ends the run
     when it is over the limit. Approximate: growth between two samples goes unseen until the
     next, and pages shared only among the execution's own processes are not counted."""
 
@@ -207,19 +207,10 @@ def _private_bytes(pid: int) -> int:
     return total
 
 
-def judged(result: dict[str, Any], tree: MemoryOutcome | None, memory_mb: int) -> dict[str, Any]:
-    """``result`` with the tree's peak and, if the kernel killed a process of it for the
-    limit, the status ``memory_limit`` (unless a limit the parent enforces ended it first)."""
-    if tree is None:
-        return result
-    result["peak_memory_mb"] = tree.peak_mb
-    if tree.oom_killed and result["status"] in ("ok", "error", "killed"):
-        result["status"] = "memory_limit"
-        result["message"] = (
-            f"memory limit of {memory_mb} MiB exceeded by the execution's processes together "
-            f"({tree.how})"
-        )
-    return result
+def peak_mb(tree: MemoryOutcome | None, largest_process_mb: float) -> float:
+    """The execution's peak memory: the whole tree's where it was measured, else the largest
+    process's (``wait4``). The verdict is ``judge``'s, which sees ``tree`` too."""
+    return tree.peak_mb if tree is not None else largest_process_mb
 
 
 def make_killable() -> None:

@@ -10,7 +10,7 @@ into this buffer (``protocol.recv_header`` + ``receive``), writes stdin into the
 from it, lets the child decode code and files in the child's own memory, reads the child's
 output from the pipes into it, sends the result from it, and then zeroes every byte it used,
 before the next request can arrive. The child, which sees its own request in its copy, zeroes
-that too before user code runs (a driver program forks user code off it: ``driver.py``).
+that too before user code runs (a driver program forks user code off it: ``cell_driver.py``).
 
 Private anonymous memory: a child's writes to its copy never reach the zygote's.
 """

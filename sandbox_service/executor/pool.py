@@ -14,13 +14,14 @@ from typing import Any
 
 from sandbox_service.executor import uids
 from sandbox_service.executor.imports import imports_only_stdlib, stdlib_only
+from sandbox_service.executor.protocol import IsolationReport, ZygoteConfig
 from sandbox_service.executor.slot import Launcher, Slot, SlotStartError, launch_local
-from sandbox_service.executor.zygote import ZygoteConfig
-from sandbox_service.settings import Settings
+from sandbox_service.settings import ISOLATION_LAYERS, Settings
 
 log = logging.getLogger(__name__)
 
-OPTIONAL_LAYERS = ("net", "ipc", "pid", "mount", "uid", "seccomp", "memory")
+# What a zygote tries, each where the host allows it (rlimits always hold).
+OPTIONAL_LAYERS = tuple(layer for layer in ISOLATION_LAYERS if layer != "rlimits")
 
 
 class IsolationUnavailable(RuntimeError):
@@ -88,7 +89,7 @@ class SlotPool:
             Slot(zygote_config(settings, n + i, light=True), launch)
             for i in range(n if wants_light(settings) else 0)
         ]
-        self.isolation: dict[str, bool | str] = {}
+        self.isolation: dict[str, bool | str] = {}  # as /v1/status shows it
         self.zygote: dict[str, Any] = {}
         self.uids: uids.UidClaim | None = None
 
@@ -122,13 +123,17 @@ class SlotPool:
         if errors:
             await self.stop()
             raise SlotStartError("; ".join(str(e) for e in errors))
-        first = self.slots[0].ready
-        self.isolation = dict(first["isolation"])
+        first = self.slots[0].report
+        assert first is not None  # started
+        report: IsolationReport = first.isolation
+        self.isolation = report.published()
         self.zygote = {
-            key: first.get(key)
-            for key in ("rss_mb", "address_space_mb", "huge_pages_mb", "preload_failed")
+            "rss_mb": first.rss_mb,
+            "address_space_mb": first.address_space_mb,
+            "huge_pages_mb": first.huge_pages_mb,
+            "preload_failed": first.preload_failed,
         }
-        failed = first.get("preload_failed") or []
+        failed = first.preload_failed
         if failed:
             # A module that cannot be imported means a broken environment (or an interpreter
             # the mount layer hid): refuse to start rather than serve executions that all pay
@@ -136,16 +141,10 @@ class SlotPool:
             await self.stop()
             why = "; ".join(failed)
             raise PreloadFailed(f"preload failed: {why} (install it, or drop it from --preload)")
-        missing = [
-            layer
-            for layer in self.settings.require_isolation
-            if self.isolation.get(layer) is not True
-        ]
+        missing = [layer for layer in self.settings.require_isolation if not report.active(layer)]
         if missing:
             await self.stop()
-            why = "; ".join(
-                f"{m}: {self.isolation.get(f'{m}_note', 'unavailable')}" for m in missing
-            )
+            why = "; ".join(f"{m}: {report.note(m)}" for m in missing)
             raise IsolationUnavailable(f"required isolation unavailable: {why}")
         # Before the node says it is ready, every slot runs the canary through the whole
         # confinement. A slot that fails is not a start-up error (the worker keeps retrying it
@@ -154,9 +153,8 @@ class SlotPool:
         for slot, failed_canary in zip(self.zygotes, proofs, strict=True):
             if failed_canary is not None:
                 log.error("slot %d cannot execute: %s", slot.index, failed_canary)
-        active = [k for k, v in self.isolation.items() if v is True]
-        inactive = {k: self.isolation.get(f"{k}_note", "off") for k in OPTIONAL_LAYERS
-                    if self.isolation.get(k) is not True}  # fmt: skip
+        active = [k for k in report.layers if report.active(k)]
+        inactive = {k: report.note(k, "off") for k in OPTIONAL_LAYERS if not report.active(k)}
         light = " (and a light zygote each)" if self.light else ""
         log.info("%d slots up%s; isolation active: %s", len(self.slots), light, ", ".join(active))
         for layer, note in inactive.items():

@@ -8,23 +8,175 @@ one buffer that it wipes after every execution (``payload.py``), since whatever 
 heap is copied into the next child by ``fork`` (issue 21, class 5).
 
 The slot side works on asyncio streams (duck-typed, so the zygote never imports asyncio) and
-sees plain dicts of str; the zygote side is blocking and sees memoryviews into its buffer.
+sees payload as ``str``; the zygote side is blocking and sees memoryviews into its buffer. What
+travels is typed here: ``ZygoteConfig`` (at start), ``StartReport`` with its
+``IsolationReport`` (the zygote's first frame), ``RunSpec`` (one execution) and ``Outcome``
+(its result), each generic over the payload's type where it carries payload. Stdlib only, and
+nothing the zygote would not import anyway: every module it imports is copied into every child.
 """
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any, Generic, TypeVar
 
 import orjson
 
 MAX_FRAME = 256 * 1024 * 1024
 PAYLOAD = ("code", "stdin", "files", "stdout", "stderr")
 
+# A payload field: text on the slot's side, a view into the wiped buffer in the zygote.
+P = TypeVar("P", str, memoryview)
+
 
 class ProtocolError(Exception):
     """The peer sent something that is not a frame, or went away mid-frame."""
+
+
+def _shallow(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields as a dict, values as they are (``asdict`` would deep-copy payload
+    views, which cannot be copied, and would leave a copy of them in the zygote's heap)."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
+def _known(cls: Any, message: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in message.items() if k in names}
+
+
+@dataclass(kw_only=True)
+class ZygoteConfig:
+    """What a zygote is told at start. Never holds a secret: children inherit its memory.
+
+    The limits have no defaults here: they are ``Settings``' (``pool.zygote_config``)."""
+
+    slot: int
+    layers: list[str]  # the isolation layers to try (settings.disable_isolation left out)
+    work_root: str
+    hide_paths: list[str]
+    tmpfs_mb: int
+    max_processes: int
+    max_open_files: int
+    max_file_mb: int
+    max_output_bytes: int
+    uid: int | None = None
+    gid: int | None = None
+    preload: list[str] = field(default_factory=list)
+    warmup: str = ""
+
+
+class Mode(str, Enum):
+    script = "script"
+    repl = "repl"  # print the repr of a final expression
+
+
+class RunStatus(str, Enum):
+    """How one execution ended, as its zygote judged it (``judge.py``): the API's ``Status``
+    less what only the service decides (killed, queue_timeout, rejected)."""
+
+    ok = "ok"
+    error = "error"
+    timeout = "timeout"
+    memory_limit = "memory_limit"
+    output_limit = "output_limit"
+    internal_error = "internal_error"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec(Generic[P]):
+    """One execution: what to run and under which limits, nothing else."""
+
+    code: P
+    timeout_s: float
+    memory_mb: int
+    stdin: P | str = ""
+    files: dict[str, str] | memoryview = field(default_factory=dict)  # {path: base64}
+    mode: Mode = Mode.script
+
+    def frame(self) -> dict[str, Any]:
+        return {"op": "run", **_shallow(self), "mode": self.mode.value}
+
+    @classmethod
+    def from_frame(cls, message: dict[str, Any]) -> RunSpec[Any]:
+        known = _known(cls, message)
+        return cls(**{**known, "mode": Mode(known.get("mode", "script"))})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome(Generic[P]):
+    """What one execution did, as the zygote observed it (the API's result, less what the
+    queue and the worker add)."""
+
+    status: RunStatus
+    message: str = ""  # why, for every status but ok and error
+    exit_code: int | None = None
+    signal: int | None = None
+    stdout: P | str = ""
+    stderr: P | str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    wall_time_s: float = 0.0
+    cpu_time_s: float = 0.0
+    peak_memory_mb: float = 0.0
+    recycle: bool = False  # the zygote could not clean up after it and exits: never reuse it
+
+    def frame(self) -> dict[str, Any]:
+        return {**_shallow(self), "status": self.status.value}
+
+    @classmethod
+    def from_frame(cls, message: dict[str, Any]) -> Outcome[Any]:
+        known = _known(cls, message)
+        return cls(**{**known, "status": RunStatus(known["status"])})
+
+
+@dataclass(frozen=True)
+class IsolationReport:
+    """Which isolation layers are active (``layers``: name → active) and, for each that is not
+    (or is only in part), why (``notes``): reported, never assumed."""
+
+    layers: dict[str, bool]
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def active(self, layer: str) -> bool:
+        return self.layers.get(layer) is True
+
+    def note(self, layer: str, default: str = "unavailable") -> str:
+        return self.notes.get(layer, default)
+
+    def published(self) -> dict[str, bool | str]:
+        """The flat shape ``/v1/status`` shows: each layer, and ``<layer>_note`` for a note."""
+        flat: dict[str, bool | str] = dict(self.layers)
+        flat.update({f"{name}_note": note for name, note in self.notes.items()})
+        return flat
+
+    @classmethod
+    def from_frame(cls, message: dict[str, Any]) -> IsolationReport:
+        return cls(dict(message["layers"]), dict(message.get("notes", {})))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartReport:
+    """A zygote's first frame: it started, with these layers and this much memory."""
+
+    pid: int
+    isolation: IsolationReport
+    preload_failed: list[str] = field(default_factory=list)  # "module: why", one each
+    rss_mb: float = 0.0
+    address_space_mb: float = 0.0
+    huge_pages_mb: float = 0.0
+    cgroup: str | None = None  # its memory cgroup, removed by the slot once it is gone
+
+    def frame(self) -> dict[str, Any]:
+        isolation = _shallow(self.isolation)
+        return {"op": "ready", **_shallow(self), "isolation": isolation}
+
+    @classmethod
+    def from_frame(cls, message: dict[str, Any]) -> StartReport:
+        known = _known(cls, message)
+        return cls(**{**known, "isolation": IsolationReport.from_frame(known["isolation"])})
 
 
 def _payload_bytes(name: str, value: Any) -> bytes | memoryview:

@@ -20,11 +20,17 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import sandbox_service
 from sandbox_service.executor import memory, protocol
-from sandbox_service.executor.zygote import ZygoteConfig
+from sandbox_service.executor.protocol import (
+    Outcome,
+    RunSpec,
+    RunStatus,
+    StartReport,
+    ZygoteConfig,
+)
 
 log = logging.getLogger(__name__)
 
@@ -130,17 +136,17 @@ class Canary:
     stdin: str = "canary"
     expected: str = "canary 42\n"
 
-    def request(self) -> dict[str, Any]:
-        return {"code": self.code, "stdin": self.stdin, "mode": "script", "files": {},
-                "timeout_s": CANARY_TIMEOUT_S, "memory_mb": CANARY_MEMORY_MB}  # fmt: skip
+    def request(self) -> RunSpec[str]:
+        return RunSpec(code=self.code, stdin=self.stdin, timeout_s=CANARY_TIMEOUT_S,
+                       memory_mb=CANARY_MEMORY_MB)  # fmt: skip
 
-    def failure(self, result: dict[str, Any]) -> str | None:
+    def failure(self, result: Outcome[str]) -> str | None:
         """Why ``result`` is not the canary's right answer, or None."""
-        if result.get("status") == "ok" and result.get("stdout") == self.expected:
+        if result.status is RunStatus.ok and result.stdout == self.expected:
             return None
-        why = result.get("message") or result.get("stderr", "")[-300:] or "no message"
-        return (f"canary answered {result.get('status')} with stdout "
-                f"{result.get('stdout', '')[:80]!r}: {why}")  # fmt: skip
+        why = result.message or result.stderr[-300:] or "no message"
+        return (f"canary answered {result.status.value} with stdout "
+                f"{result.stdout[:80]!r}: {why}")  # fmt: skip
 
 
 CANARY = Canary()
@@ -159,7 +165,7 @@ class Slot:
         self.index = cfg.slot
         self._launch = launch
         self.proc: ZygoteProcess | None = None
-        self.ready: dict[str, Any] = {}  # the zygote's ready report
+        self.report: StartReport | None = None  # what the running zygote said at start
         self.busy = False
         self.executions = 0
         self.restarts = 0
@@ -195,7 +201,7 @@ class Slot:
             if not self.alive:  # died between proving itself and now
                 self._proven.clear()
 
-    async def start(self) -> dict[str, Any]:
+    async def start(self) -> StartReport:
         """Start the zygote and wait for its ready report (isolation layers, memory)."""
         self.proc, self._reader, self._writer = await self._launch(self.cfg)
         try:
@@ -206,17 +212,17 @@ class Slot:
         if msg.get("op") != "ready":
             await self.kill()
             raise SlotStartError(f"slot {self.index}: unexpected first message {msg!r}")
-        self.ready = msg
+        self.report = StartReport.from_frame(msg)
         self._running = True
-        log.debug("slot %d ready: pid %s, %s", self.index, msg.get("pid"), msg.get("isolation"))
-        return msg
+        log.debug("slot %d ready: pid %s, %s", self.index, self.report.pid, self.report.isolation)
+        return self.report
 
     async def prove(self) -> str | None:
         """Run the canary; None if it passed (the slot is healthy), else why not (the zygote
         is killed: a slot that cannot run the canary must not run anyone's code)."""
         self.canaries += 1
         try:
-            why = CANARY.failure((await self._exchange(CANARY.request()))[0])
+            why = CANARY.failure(await self._exchange(CANARY.request()))
         except SlotCrashed as exc:
             why = str(exc)
         if why is None:
@@ -246,26 +252,26 @@ class Slot:
         self.failures += 1
         self.last_error = why
 
-    async def execute(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Run one request on the zygote; SlotCrashed if it dies or hangs meanwhile, or if
+    async def execute(self, spec: RunSpec[str]) -> Outcome[str]:
+        """Run one execution on the zygote; SlotCrashed if it dies or hangs meanwhile, or if
         the zygote itself failed at it (a fault of ours, so the worker may retry it)."""
-        result, recycled = await self._exchange(request)
+        result = await self._exchange(spec)
         self.executions += 1
-        if recycled and result.get("status") == "internal_error":
-            raise SlotCrashed(f"slot {self.index}: {result.get('message')}")
+        if result.recycle and result.status is RunStatus.internal_error:
+            raise SlotCrashed(f"slot {self.index}: {result.message}")
         return result
 
-    async def _exchange(self, request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """Send one run frame, read its result; (result, whether the zygote is now gone)."""
+    async def _exchange(self, spec: RunSpec[str]) -> Outcome[str]:
+        """Send one run frame, read its result (``recycle``: the zygote is now gone)."""
         async with self._turn:
             if not self.alive or self._writer is None or self._reader is None:
                 raise SlotCrashed(f"slot {self.index} is not running")
             self.busy = True
             try:
-                self._writer.write(protocol.encode({"op": "run", **request}))
+                self._writer.write(protocol.encode(spec.frame()))
                 await self._writer.drain()
-                limit = float(request["timeout_s"]) + WATCHDOG_GRACE_S
-                result = await asyncio.wait_for(protocol.read_message(self._reader), limit)
+                limit = spec.timeout_s + WATCHDOG_GRACE_S
+                message = await asyncio.wait_for(protocol.read_message(self._reader), limit)
             except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as exc:
                 await self.kill()
                 raise SlotCrashed(
@@ -273,11 +279,11 @@ class Slot:
                 ) from exc
             finally:
                 self.busy = False
-            recycled = bool(result.pop("recycle", False))
-            if recycled:
+            result: Outcome[str] = Outcome.from_frame(message)
+            if result.recycle:
                 # It could not clean up after this run and exits on its own: never reuse it.
                 await self.kill()
-            return result, recycled
+            return result
 
     async def wait_exit(self) -> None:
         """Return once the current zygote process has exited (at once if there is none)."""
@@ -310,7 +316,7 @@ class Slot:
     async def _remove_cgroup(self) -> None:
         """The zygote's memory cgroup goes with it (the next one of the slot makes it again);
         its last processes may take a moment to die after it."""
-        path = self.ready.get("cgroup")
+        path = self.report.cgroup if self.report is not None else None
         for _ in range(CGROUP_REMOVE_TRIES):
             if not path or memory.remove_cgroup(path):
                 return

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import pytest
@@ -29,12 +29,17 @@ from sandbox_service.executor.docker_backend import (
     demultiplex,
 )
 from sandbox_service.executor.pool import SlotPool, launcher, zygote_config
+from sandbox_service.executor.protocol import (
+    IsolationReport,
+    RunSpec,
+    RunStatus,
+    StartReport,
+    ZygoteConfig,
+)
 from sandbox_service.executor.slot import Slot, launch_local
-from sandbox_service.executor.zygote import ZygoteConfig
 from sandbox_service.settings import Settings
 
-RUN = {"code": "print(6 * 7)", "stdin": "", "mode": "script", "files": {}, "timeout_s": 10,
-       "memory_mb": 512}  # fmt: skip
+RUN = RunSpec(code="print(6 * 7)", timeout_s=10, memory_mb=512)
 
 
 def _settings(**overrides: Any) -> Settings:
@@ -112,12 +117,13 @@ def test_pool_picks_the_backend_from_the_settings() -> None:
 
 
 def test_container_report_adds_what_the_container_gives() -> None:
-    zygote = {"net": False, "net_note": "EPERM", "uid": True, "seccomp": True, "rlimits": True}
+    layers = {"net": False, "uid": True, "seccomp": True, "rlimits": True}
+    zygote = IsolationReport(layers, {"net": "EPERM"})
     report = container_report(zygote, "runsc", ["lo"])
-    assert report["container"] is True and "runsc" in report["container_note"]
-    assert report["net"] is True and "loopback only" in report["net_note"]
-    assert report["uid"] is True and zygote["net"] is False  # the input is not changed
-    assert container_report(zygote, "", ["lo", "eth0"])["net"] is False
+    assert report.active("container") and "runsc" in report.notes["container"]
+    assert report.active("net") and "loopback only" in report.notes["net"]
+    assert report.active("uid") and not zygote.active("net")  # the input is not changed
+    assert not container_report(zygote, "", ["lo", "eth0"]).active("net")
 
 
 def test_demultiplex_splits_stdout_from_stderr() -> None:
@@ -139,6 +145,11 @@ def test_demultiplex_splits_stdout_from_stderr() -> None:
 # ---------------------------------------------------------------- the in-container bridge
 
 
+def _plain_config(**changes: Any) -> ZygoteConfig:
+    """Slot 0's config from the default settings, with no uid of its own."""
+    return replace(zygote_config(Settings(slots=1), 0), uid=None, gid=None, **changes)
+
+
 def _bridge(cfg: ZygoteConfig, runtime: str = "runc") -> subprocess.Popen[bytes]:
     module = "sandbox_service.executor.docker_backend"
     config = json.dumps(asdict(cfg))
@@ -156,13 +167,14 @@ def _read_frame(stream: Any) -> dict[str, Any]:
 
 def test_bridge_speaks_frames_for_a_real_zygote(tmp_path: Any) -> None:
     """What runs as the container's command, run here as a plain process."""
-    cfg = ZygoteConfig(slot=0, work_root=str(tmp_path), layers=["seccomp"])
+    cfg = _plain_config(work_root=str(tmp_path), layers=["seccomp"])
     bridge = _bridge(cfg)
     assert bridge.stdin is not None and bridge.stdout is not None
     try:
         ready = _read_frame(bridge.stdout)
-        assert ready["op"] == "ready" and ready["isolation"]["container"] is True
-        bridge.stdin.write(protocol.encode({"op": "run", **RUN}))
+        assert ready["op"] == "ready"
+        assert StartReport.from_frame(ready).isolation.active("container")
+        bridge.stdin.write(protocol.encode(RUN.frame()))
         bridge.stdin.flush()
         result = _read_frame(bridge.stdout)
         assert (result["status"], result["stdout"]) == ("ok", "42\n")
@@ -175,7 +187,7 @@ def test_bridge_speaks_frames_for_a_real_zygote(tmp_path: Any) -> None:
 
 
 def test_bridge_exits_when_the_service_goes_away(tmp_path: Any) -> None:
-    bridge = _bridge(ZygoteConfig(slot=0, work_root=str(tmp_path), layers=[]))
+    bridge = _bridge(_plain_config(work_root=str(tmp_path), layers=[]))
     assert bridge.stdin is not None and bridge.stdout is not None
     _read_frame(bridge.stdout)
     bridge.stdin.close()  # the attach stream closed: end of input
@@ -277,11 +289,11 @@ def test_slot_runs_through_a_container_and_cleans_up(tmp_path: Any) -> None:
         launch = DockerLauncher(settings, client_factory=lambda: engine)
         slot = Slot(zygote_config(settings, 0), launch)
         ready = await slot.start()
-        assert ready["isolation"]["container"] is True
+        assert ready.isolation.active("container")
         assert slot.pid == engine.created[0].proc.pid  # type: ignore[union-attr]
         for _ in range(3):
-            result = await slot.execute(dict(RUN))
-            assert (result["status"], result["stdout"]) == ("ok", "42\n")
+            result = await slot.execute(RUN)
+            assert (result.status, result.stdout) == (RunStatus.ok, "42\n")
         await slot.stop()
         assert slot.proc is not None and slot.proc.returncode == 0
         # A killed container is reaped and removed too, and a restart makes a new one, which
@@ -331,8 +343,8 @@ def test_executions_in_real_slot_containers() -> None:
             # The interfaces from /proc/net/dev: if_nameindex() needs a socket seccomp refuses.
             code = ("import os; print(os.getuid(), [line.split(':')[0].strip() for line in "
                     "open('/proc/net/dev').readlines()[2:]])")  # fmt: skip
-            result = await pool.slots[0].execute({**RUN, "code": code})
-            assert result["stdout"] == f"{settings.uid_base} ['lo']\n", result["stderr"]
+            result = await pool.slots[0].execute(replace(RUN, code=code))
+            assert result.stdout == f"{settings.uid_base} ['lo']\n", result.stderr
         finally:
             await pool.stop()
 

@@ -16,6 +16,7 @@ from typing import Any, cast
 import pytest
 
 from sandbox_service.executor.pool import SlotPool
+from sandbox_service.executor.protocol import Outcome, RunSpec, RunStatus
 from sandbox_service.executor.slot import SlotCrashed, SlotStartError
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
@@ -56,9 +57,9 @@ class FakeSource:
 
 
 class FakeSlot:
-    """A slot whose zygote runs ``behave(code)``: a dict outcome, or it raises SlotCrashed."""
+    """A slot whose zygote runs ``behave(code)``: an outcome, or it raises SlotCrashed."""
 
-    def __init__(self, index: int, behave: Callable[[str], Awaitable[dict[str, Any]]]) -> None:
+    def __init__(self, index: int, behave: Callable[[str], Awaitable[Outcome[str]]]) -> None:
         self.index = index
         self.behave = behave
         self.pid = 1000 + index
@@ -70,10 +71,10 @@ class FakeSlot:
         self.fail_recoveries = 0
         self._exited = asyncio.Event()
 
-    async def execute(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def execute(self, request: RunSpec[str]) -> Outcome[str]:
         self.busy = True
         try:
-            return await self.behave(request["code"])
+            return await self.behave(request.code)
         finally:
             self.busy = False
 
@@ -106,8 +107,8 @@ class FakePool:
         return self.slots[index]
 
 
-async def _echo(code: str) -> dict[str, Any]:
-    return {"status": "ok", "exit_code": 0, "stdout": code}
+async def _echo(code: str) -> Outcome[str]:
+    return Outcome(status=RunStatus.ok, exit_code=0, stdout=code)
 
 
 def _job(code: str, start_in_s: float = 30.0) -> Job:
@@ -145,7 +146,7 @@ def test_a_job_past_its_start_deadline_is_answered_without_running() -> None:
     async def main() -> None:
         ran: list[str] = []
 
-        async def record(code: str) -> dict[str, Any]:
+        async def record(code: str) -> Outcome[str]:
             ran.append(code)
             return await _echo(code)
 
@@ -165,7 +166,7 @@ def test_a_zygote_that_dies_once_is_retried_and_then_the_job_runs() -> None:
     async def main() -> None:
         deaths = [1]
 
-        async def dies_once(code: str) -> dict[str, Any]:
+        async def dies_once(code: str) -> Outcome[str]:
             if deaths.pop() if deaths else 0:
                 raise SlotCrashed("slot 0: zygote died")
             return await _echo(code)
@@ -182,7 +183,7 @@ def test_a_zygote_that_dies_once_is_retried_and_then_the_job_runs() -> None:
 
 def test_a_job_that_kills_every_zygote_ends_internal_error() -> None:
     async def main() -> None:
-        async def always_dies(code: str) -> dict[str, Any]:
+        async def always_dies(code: str) -> Outcome[str]:
             raise SlotCrashed("slot 0: zygote died")
 
         source = FakeSource([_job("poison")])
@@ -203,7 +204,7 @@ def test_stopping_answers_the_running_job_killed() -> None:
     async def main() -> None:
         started = asyncio.Event()
 
-        async def hangs(code: str) -> dict[str, Any]:
+        async def hangs(code: str) -> Outcome[str]:
             started.set()
             await asyncio.sleep(60)
             raise AssertionError("not reached")

@@ -716,14 +716,14 @@ VERDICT = [
         status_is(Status.error),
     ),
     Attack(
-        "a session cell that wraps runner.run",
+        "a session cell that wraps child.run",
         "verdict",
         "a later failing cell is still error",
         _c("assert 6 * 7 == 41"),
         status_is(Status.error),
         session=(
-            "from sandbox_service.executor import runner\nreal = runner.run\n"
-            "runner.run = lambda *a, **k: (real(*a, **k), 0)[1]\n",
+            "from sandbox_service.executor import child\nreal = child.run\n"
+            "child.run = lambda *a, **k: (real(*a, **k), 0)[1]\n",
         ),
     ),
     Attack(

@@ -57,3 +57,18 @@ def serve(tmp_path_factory: pytest.TempPathFactory, name: str, **settings: Any,
 def client_of(service: ServiceProcess) -> Iterator[SandboxClient]:
     with SandboxClient(service.url, retry=Retry(attempts=1)) as c:
         yield c
+
+
+def module_service(name: str, **settings: Any) -> tuple[Any, Any]:
+    """The ``service`` and ``client`` fixtures of a test module with a service of its own:
+    ``service, client = module_service("name", slots=1)``."""
+
+    @pytest.fixture(scope="module")
+    def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+        yield from serve(tmp_path_factory, name, **settings)
+
+    @pytest.fixture(scope="module")
+    def client(service: ServiceProcess) -> Iterator[SandboxClient]:
+        yield from client_of(service)
+
+    return service, client

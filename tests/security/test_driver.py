@@ -3,16 +3,16 @@
 In a session (the history is replayed before every new cell) and in ``/run_jupyter`` (cells run
 in one interpreter), each attack below is the first cell; the cells after it fail (a grader's
 ``assert``, an exception) and must be answered as failures: ``error`` for a session call, a
-non-empty ``error`` for a notebook cell. The attacks go after what used to decide: the runner
-and the driver (by module, by frame, by function code), the builtins they call, the exit path,
-hooks, the nonce that frames the driver's reports, and the spec holding the later cells.
+non-empty ``error`` for a notebook cell. The attacks go after what used to decide: the program
+runner (``executor.child.run``) and the driver (by module, by frame, by function code), the
+builtins they call, the exit path, hooks, the nonce that frames the driver's reports, and the
+spec holding the later cells.
 After each, every slot still answers correctly.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -20,36 +20,36 @@ import pytest
 from sandbox_service.client import SandboxClient
 from sandbox_service.models import Status
 from sandbox_service.service_process import ServiceProcess
-from tests.security.every_slot import assert_every_slot_answers, client_of, serve
+from tests.security.every_slot import assert_every_slot_answers, module_service
 
 ATTACKS = {
-    "wrap runner.run": (
-        "from sandbox_service.executor import runner\n"
-        "real = runner.run\n"
+    "wrap child.run": (
+        "from sandbox_service.executor import child\n"
+        "real = child.run\n"
         "def lenient(*args, **kwargs):\n"
         "    real(*args, **kwargs)\n"
         "    return 0\n"
-        "runner.run = lenient\n"
+        "child.run = lenient\n"
     ),
-    "wrap runner.run found on the stack": (
+    "wrap child.run found on the stack": (
         "import sys\n"
         "f = sys._getframe()\n"
         "while f is not None:\n"
         "    for scope in (f.f_globals, f.f_locals):\n"
         "        for name, value in list(scope.items()):\n"
-        "            if name == 'runner' or getattr(value, '__name__', '') == 'sandbox_service.executor.runner':\n"
+        "            if name == 'child' or getattr(value, '__name__', '') == 'sandbox_service.executor.child':\n"
         "                real = value.run\n"
         "                value.run = lambda *a, _real=real, **k: (_real(*a, **k), 0)[1]\n"
         "    f = f.f_back\n"
     ),
-    "replace the code of every driver and runner function": (
+    "replace the code of every driver and child function": (
         "import gc, types\n"
         "def zero(*args, **kwargs):\n"
         "    return 0\n"
         "for obj in gc.get_objects():\n"
         "    if isinstance(obj, types.FunctionType) and obj.__code__.co_filename in (\n"
         "            '<driver>',) or (isinstance(obj, types.FunctionType) and\n"
-        "            obj.__module__ == 'sandbox_service.executor.runner' and obj.__name__ in ('run', '_compile')):\n"
+        "            obj.__module__ == 'sandbox_service.executor.child' and obj.__name__ in ('run', '_compile')):\n"
         "        try:\n"
         "            obj.__code__ = zero.__code__\n"
         "        except (ValueError, TypeError):\n"
@@ -134,14 +134,7 @@ LATER = ["assert 6 * 7 == 41, 'ASSERTED'", "raise ValueError('still fails')",
          "import time\ntime.sleep(2)\nassert False, 'ASSERTED late'"]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    yield from serve(tmp_path_factory, "driver")
-
-
-@pytest.fixture(scope="module")
-def client(service: ServiceProcess) -> Iterator[SandboxClient]:
-    yield from client_of(service)
+service, client = module_service("driver")
 
 
 @pytest.mark.parametrize("name", list(ATTACKS))

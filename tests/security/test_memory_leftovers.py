@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import base64
 import secrets
-from collections.abc import Iterator
 
 import pytest
 
 from sandbox_service.client import SandboxClient
 from sandbox_service.models import Status
-from sandbox_service.service_process import ServiceProcess
-from tests.security.every_slot import ZYGOTES, assert_every_slot_answers, client_of, serve
+from tests.security.every_slot import ZYGOTES, assert_every_slot_answers, module_service
 
 SCAN = """
 import os, re
@@ -92,14 +90,7 @@ def _victim(kind: str, marker: str) -> tuple[dict, list[str]]:
 KINDS = ["code", "stdin", "file", "stdout", "stderr", "big stdin", "big stdout", "timed out"]
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    yield from serve(tmp_path_factory, "leftovers", slots=1, max_output_bytes=8 << 20)
-
-
-@pytest.fixture(scope="module")
-def client(service: ServiceProcess) -> Iterator[SandboxClient]:
-    yield from client_of(service)
+service, client = module_service("leftovers", slots=1, max_output_bytes=8 << 20)
 
 
 def _scan(client: SandboxClient, prefix: str, forms: dict[str, str]) -> str:

@@ -9,15 +9,13 @@ zygotes of a slot; after each one every slot still answers correctly.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
 from sandbox_service.client import SandboxClient
 from sandbox_service.models import Status
 from sandbox_service.service_process import ServiceProcess
-from tests.security.every_slot import ZYGOTES, assert_every_slot_answers, client_of, serve
+from tests.security.every_slot import ZYGOTES, assert_every_slot_answers, module_service
 
 # (name, code, the status it must get): each tries to claim a service status it has not earned.
 FORGERIES = [
@@ -93,14 +91,7 @@ EARNED = [
 ]
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    yield from serve(tmp_path_factory, "verdict")
-
-
-@pytest.fixture(scope="module")
-def client(service: ServiceProcess) -> Iterator[SandboxClient]:
-    yield from client_of(service)
+service, client = module_service("verdict")
 
 
 @pytest.mark.parametrize("zygote", list(ZYGOTES))

@@ -28,7 +28,7 @@ def test_exception_gives_traceback_and_exit_1(client: SandboxClient) -> None:
     r = client.execute("x = 1\n1/0")
     assert (r.status, r.exit_code) == (Status.error, 1)
     assert 'File "<string>", line 2' in r.stderr and "ZeroDivisionError" in r.stderr
-    assert "runner.py" not in r.stderr  # our own frames stay out of the user's traceback
+    assert "child.py" not in r.stderr  # our own frames stay out of the user's traceback
 
 
 def test_sys_exit_code(client: SandboxClient) -> None:

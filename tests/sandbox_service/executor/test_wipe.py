@@ -16,7 +16,7 @@ import pytest
 
 import sandbox_service
 from sandbox_service.executor import wipe
-from sandbox_service.executor.reset import Reset, Scratch
+from sandbox_service.executor.workdir import Reset, Scratch
 
 # Builds the tree of every shape the wipe must survive, in the current directory.
 BUILD = r"""
@@ -89,7 +89,7 @@ def test_what_cannot_be_removed_is_reported_not_raised(scratch: Path) -> None:
     (sticky / "roots").write_text("x")
     code = (
         "from sandbox_service.executor import wipe\n"
-        "from sandbox_service.executor.reset import Reset, Scratch\n"
+        "from sandbox_service.executor.workdir import Reset, Scratch\n"
         f"why = Reset([Scratch({str(scratch)!r})]).run()\n"
         "print(why)\n"
         f"try:\n    wipe.empty_directory({str(scratch)!r})\n"

@@ -1,4 +1,4 @@
-"""The parent's side of one execution: the pipes, the timer, the capped output.
+"""The zygote's watch over one running execution: the pipes, the timer, the capped output.
 
 The zygote forks a child and hands the rest to this module: wait until the child exits,
 runs out of wall-clock time, or writes more than the output cap; and drain what is left once

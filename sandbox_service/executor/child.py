@@ -1,6 +1,10 @@
-"""The child's last step: run the user's program in a fresh ``__main__`` and exit like Python.
+"""The forked child's side of one execution: confine itself, then run the program like Python.
 
-Runs after confinement, inside the forked child. Output, tracebacks and exit codes match
+``start`` runs in the child the zygote just forked: it puts the pipes in place, decodes the
+request in its own memory (and zeroes its copy of the zygote's buffer), sets the rlimits,
+drops to the slot's uid, loads the seccomp filter, writes the request's files, and closes the
+status descriptor; a failure before that is reported on it as ``SETUP_ERROR``. Then ``run``
+runs the user's program in a fresh ``__main__``. Output, tracebacks and exit codes match
 ``python -c CODE`` (filename ``<string>``), except that tracebacks also show the source
 lines. ``repl`` mode prints the repr of a final expression, as IPython and the rStar2 tool do.
 Nothing is reported besides stdout, stderr and the exit status: the status descriptor, the
@@ -11,19 +15,32 @@ the program writes or does, the verdict is the parent's (``judge.py``).
 from __future__ import annotations
 
 import ast
+import base64
 import io
 import linecache
+import math
 import os
 import sys
 import traceback
 import types
 from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn
+
+from sandbox_service.executor import isolation as iso
+from sandbox_service.executor import memory, payload, protocol
+from sandbox_service.executor.monitor import SETUP_ERROR, Pipes
+from sandbox_service.executor.protocol import RunSpec, ZygoteConfig
+
+if TYPE_CHECKING:
+    from sandbox_service.executor.startup import Confinement
 
 FILENAME = "<string>"
 STATUS_FD = 3
+SETUP_FAILED = 125  # the child's exit status when it failed before user code
+MIB = 1024 * 1024
 
 
-def _fresh_main() -> dict:
+def _fresh_main() -> dict[str, object]:
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
@@ -68,7 +85,7 @@ def _print_repr(value: object) -> None:
 def run(
     code: str,
     mode: str,
-    namespace: dict | None = None,
+    namespace: dict[str, object] | None = None,
     display: Callable[[object], None] = _print_repr,
 ) -> int:
     """Execute ``code``; return the process exit status Python itself would give.
@@ -151,3 +168,85 @@ def main(code: str, mode: str, workdir: str) -> None:
     status = run(code, mode)
     _flush()
     os._exit(status)
+
+
+# ---------------------------------------------------------------- confinement
+
+
+def _write_files(files: dict[str, str]) -> None:
+    for path, data in files.items():
+        directory = os.path.dirname(path)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(data))
+
+
+def cpu_limit_s(timeout_s: float) -> int:
+    """RLIMIT_CPU of each process of an execution: a backstop past the wall-clock limit."""
+    return math.ceil(timeout_s) + 1
+
+
+def _decode_request(
+    spec: RunSpec[memoryview], buffer: payload.Payload
+) -> tuple[str, dict[str, str]]:
+    """The code and files of ``spec``, decoded in the child's own memory; then the child's copy
+    of the zygote's buffer is zeroed, so that nothing forked off user code finds the request
+    there (a driver's spec travels on stdin: ``cell_driver.py``)."""
+    code = bytes(spec.code).decode("utf-8", "surrogatepass")
+    files = spec.files
+    if isinstance(files, memoryview):
+        files = protocol.decode_payload("files", bytes(files))
+    buffer.wipe()
+    return code, files or {}
+
+
+def start(spec: RunSpec[memoryview], pipes: Pipes, config: ZygoteConfig,
+          confinement: Confinement, workdir: str, zygote_pid: int,
+          buffer: payload.Payload) -> NoReturn:  # fmt: skip
+    """In the child just forked: take the pipes as its descriptors, confine itself and run the
+    program; never returns. A failure before user code is written on the status descriptor."""
+    os.setsid()
+    os.dup2(pipes.stdin, 0)
+    os.dup2(pipes.out_w, 1)
+    os.dup2(pipes.err_w, 2)
+    os.dup2(pipes.st_w, STATUS_FD)
+    os.closerange(STATUS_FD + 1, 1 << 16)
+    try:
+        _confine_and_run(spec, config, confinement, workdir, zygote_pid, buffer)
+    except BaseException as exc:
+        try:
+            msg = f"{SETUP_ERROR.decode()} {type(exc).__name__}: {exc}"
+            os.write(STATUS_FD, msg.encode())
+        finally:
+            os._exit(SETUP_FAILED)
+    os._exit(SETUP_FAILED)  # not reached: the program's end is os._exit
+
+
+def _confine_and_run(spec: RunSpec[memoryview], config: ZygoteConfig, confinement: Confinement,
+                     workdir: str, zygote_pid: int, buffer: payload.Payload) -> None:  # fmt: skip
+    """Confine this process (descriptors already in place) and run the program."""
+    code, files = _decode_request(spec, buffer)
+    uid = config.uid if confinement.uid and config.uid is not None else os.getuid()
+    gid = (config.gid if config.gid is not None else uid) if confinement.uid else os.getgid()
+    iso.set_limits(
+        address_space=confinement.base_address_space + spec.memory_mb * MIB,
+        cpu_seconds=cpu_limit_s(spec.timeout_s),
+        file_size=config.max_file_mb * MIB,
+        open_files=config.max_open_files,
+        processes=config.max_processes if confinement.uid else confinement.shared_process_limit,
+    )
+    if confinement.cgroup is not None:
+        memory.make_killable()
+    if confinement.uid:
+        iso.drop_to(uid, gid)
+    iso.die_with_parent()  # after the uid change, which clears it
+    iso.set_dumpable(True)  # its own /proc/self as any process has (the zygote's is hidden)
+    if os.getppid() != zygote_pid:
+        os._exit(SETUP_FAILED)
+    os.chdir(workdir)
+    _write_files(files)
+    if confinement.filter is not None:
+        iso.no_new_privs()
+        confinement.filter.load()
+    main(code, spec.mode.value, workdir)
