@@ -119,16 +119,49 @@ def run(
         return 1
 
 
+def standard_streams() -> tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper]:
+    """stdin, stdout and stderr on descriptors 0, 1 and 2, as ``python -c`` opens them."""
+    return (
+        io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8"),
+        io.TextIOWrapper(
+            io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace"
+        ),
+        io.TextIOWrapper(
+            io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+            line_buffering=True,
+        ),
+    )  # fmt: skip
+
+
+# Made once in the zygote and never used there, so that a child finds them ready: made in a
+# fresh child they cost it ~0.2 ms of CPU (the first allocations after fork fault their pages
+# in; docs/benchmarks.md, 2026-12-04).
+_STREAMS: tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper] | None = None
+
+
+def prepare_streams() -> None:
+    """Make the streams every child will use, on descriptors of the kinds a child has (a memfd
+    for stdin, pipes for output): what a stream learns of its descriptor when it is made
+    (seekable or not) must hold in the child. Called by the zygote before it forks any."""
+    global _STREAMS
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    stdin = os.memfd_create("stdin", os.MFD_CLOEXEC)
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        for fd, like in ((0, stdin), (1, w), (2, w)):
+            os.dup2(like, fd)
+        _STREAMS = standard_streams()
+    finally:
+        for fd, old in zip((0, 1, 2), saved, strict=True):
+            os.dup2(old, fd)
+            os.close(old)
+        for fd in (stdin, r, w):
+            os.close(fd)
+
+
 def reset_interpreter(workdir: str) -> None:
     """Give the child the state a fresh ``python -c`` would have, not the zygote's."""
-    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-    sys.stdout = io.TextIOWrapper(
-        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace"
-    )
-    sys.stderr = io.TextIOWrapper(
-        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
-        line_buffering=True,
-    )  # fmt: skip
+    sys.stdin, sys.stdout, sys.stderr = _STREAMS or standard_streams()
     for name in ("stdin", "stdout", "stderr"):  # the originals too: some code writes to those
         setattr(sys, f"__{name}__", getattr(sys, name))
     sys.argv = ["-c"]

@@ -218,6 +218,7 @@ def main(argv: list[str]) -> None:
         prepare_slot_dir(config)
     os.environ.clear()
     os.environ.update(child.environment("/tmp" if confinement.mount else config.work_root))
+    child.prepare_streams()
     gc.collect()
     gc.freeze()  # children's collections then leave the preloaded objects (and their pages) alone
     huge_mb = iso.collapse_heap_into_huge_pages()

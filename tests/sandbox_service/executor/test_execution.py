@@ -49,6 +49,24 @@ def test_stdin(client: SandboxClient) -> None:
     assert client.execute("print(len(input()))", stdin=big).stdout == "300000\n"
 
 
+def test_standard_streams_describe_the_childs_descriptors(client: SandboxClient) -> None:
+    # The streams are made once in the zygote (on stand-ins of the child's descriptors): what
+    # they learned there must hold in the child, as for streams the child made itself.
+    code = (
+        "import sys\n"
+        "print(sys.stdin.seekable(), sys.stdout.seekable(), sys.stderr.seekable(),\n"
+        "      sys.stdout.line_buffering, sys.stderr.line_buffering, sys.stdin.read())\n"
+        "sys.stdin.seek(0)\n"
+        "print(sys.stdin.read())\n"
+        "sys.stdout.close()\n"
+    )
+    for zygote in ("", "import numpy\n"):  # the light zygote, then the full one
+        r = client.execute(zygote + code, stdin="in")
+        assert r.stdout == "True False False False True in\nin\n", r
+    # Closing stdout above closed only that child's copy.
+    assert client.execute("print('next')").stdout == "next\n"
+
+
 def test_repl_mode_prints_final_expression(client: SandboxClient) -> None:
     r = client.execute("x = 21\nx * 2", mode=Mode.repl)
     assert r.stdout == "42\n"
