@@ -222,7 +222,7 @@ def confine_zygote(config: ZygoteConfig) -> Confinement:
     if "seccomp" in wanted:
 
         def load_filter() -> None:
-            program = seccomp_filter.Program(seccomp_filter.build_bpf())
+            program = seccomp_filter.Program(seccomp_filter.build_bpf_apart())
             why = _probe(lambda: _seccomp_probe(program))
             if why:
                 raise RuntimeError(why)

@@ -61,6 +61,12 @@ def test_programs_run_on_the_zygote_their_imports_ask_for(client: SandboxClient)
     light = client.execute("import sys; print('numpy' in sys.modules)")
     full = client.execute("import sys, numpy; print('sympy' in sys.modules)")
     assert light.stdout == "False\n" and int(light.worker.rsplit("/", 1)[1]) >= n
+    # Nor what the zygote needed only at start (libseccomp's bindings bring threading and
+    # subprocess, whose after-fork hooks every child would run).
+    lean = client.execute(
+        "import sys; print(sorted({'threading', 'subprocess'} & set(sys.modules)))"
+    )
+    assert lean.stdout == "[]\n", lean
     assert full.stdout == "True\n" and int(full.worker.rsplit("/", 1)[1]) < n
     # A light program that imports numpy after all still gets it (at the import's price).
     hidden = "import builtins\ngetattr(builtins, '__imp' + 'ort__')('numpy').ones(2).sum().item()"
