@@ -11,7 +11,9 @@ in turn, so that the machine's noise moves every variant alike.
 
 Variants: ``bare`` (the preloads only); ``threading`` and ``pyseccomp`` (what libseccomp's
 bindings bring: their after-fork hooks run in every child); ``zygote`` (the zygote's own
-modules); ``streams-in-child`` (``bare``, but the child makes its own stdin, stdout and
+modules); ``zygote+confined`` (and the child's confinement: session, rlimits, the slot uid
+when root, no_new_privs and the seccomp filter; the namespaces are the zygote's, entered
+once); ``streams-in-child`` (``bare``, but the child makes its own stdin, stdout and
 stderr, as a zygote did before it made them once at start).
 """
 
@@ -22,11 +24,27 @@ import subprocess
 import sys
 
 PRELOADS = "math, cmath, fractions, decimal, itertools, functools, collections, statistics"
+ZYGOTE = "import sandbox_service.executor.zygote"
+CONFINEMENT = """
+from sandbox_service.executor import isolation as iso, seccomp_filter
+program = seccomp_filter.Program(seccomp_filter.build_bpf_apart())
+def confine():
+    os.setsid()
+    iso.set_limits(address_space=4 << 30, cpu_seconds=11, file_size=64 << 20,
+                   open_files=256, processes=64 if os.getuid() == 0 else None)
+    if os.getuid() == 0:
+        iso.drop_to(61999, 61999)
+    iso.die_with_parent()
+    iso.set_dumpable(True)
+    iso.no_new_privs()
+    program.load()
+"""
 VARIANTS = {
     "bare": "",
     "threading": "import threading",
     "pyseccomp": "import pyseccomp",
-    "zygote": "import sandbox_service.executor.zygote",
+    "zygote": ZYGOTE,
+    "zygote+confined": ZYGOTE + CONFINEMENT,
     "streams-in-child": "",
 }
 
@@ -34,6 +52,7 @@ CHILD = f"""
 import gc, io, os, sys, time
 import {PRELOADS}, random, re, json
 {{imports}}
+confine = globals().get("confine", lambda: None)
 def streams():
     return (io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8"),
             io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8"),
@@ -49,6 +68,7 @@ for _ in range(n):
     pid = os.fork()
     if pid == 0:
         os.dup2(w, 1)
+        confine()
         sys.stdin, sys.stdout, sys.stderr = made or streams()
         print(1 + 1)
         sys.stdout.flush()
