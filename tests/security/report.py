@@ -18,6 +18,7 @@ import re
 import sys
 import tempfile
 from dataclasses import dataclass
+from typing import Any
 
 from sandbox_service.client import Retry, SandboxClient
 from sandbox_service.service_process import start
@@ -30,10 +31,10 @@ START, END = "<!-- attack-table:start -->", "<!-- attack-table:end -->"
 class Mode:
     name: str
     python: list[str]
-    settings: dict[str, object]
+    settings: dict[str, Any]
 
 
-def run_mode(mode: Mode) -> tuple[dict[str, str], dict[str, object]]:
+def run_mode(mode: Mode) -> tuple[dict[str, str], dict[str, Any]]:
     """{attack name: observed outcome}, and the isolation the service reported."""
     log = os.path.join(tempfile.gettempdir(), f"attacks-{mode.name}.log")
     service = start(log, python=mode.python, slots=2, max_timeout_s=30, **mode.settings)
@@ -52,7 +53,7 @@ def run_mode(mode: Mode) -> tuple[dict[str, str], dict[str, object]]:
                 after = client.execute("print('next')")
                 if after.stdout != "next\n":
                     observed[attack.name] += "; **next execution failed**"
-            isolation = dict(client.status().isolation)
+            isolation: dict[str, Any] = dict(client.status().isolation)
     finally:
         service.stop()
     return observed, isolation

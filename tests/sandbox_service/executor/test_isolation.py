@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -193,7 +194,7 @@ def test_a_slot_uid_that_cannot_reach_its_files_is_not_used_silently(tmp_path: P
     inactive, saying why, and a service that requires it refuses to start."""
     closed = tmp_path / "closed"
     closed.mkdir(mode=0o700)
-    settings = {"slots": 1, "preload": "math", "warmup": "",
+    settings: dict[str, Any] = {"slots": 1, "preload": "math", "warmup": "",
                 "work_root": str(closed / "work"), "disable_isolation": "mount"}  # fmt: skip
     service = start(str(tmp_path / "a.log"), **settings)
     try:

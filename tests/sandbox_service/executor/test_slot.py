@@ -30,8 +30,10 @@ def _wait_for_restart(client: SandboxClient, index: int, old_pid: int, light: bo
 
 def test_killed_zygote_is_replaced(client: SandboxClient) -> None:
     before = client.status().slots
-    os.kill(before[0].pid, signal.SIGKILL)
-    _wait_for_restart(client, 0, before[0].pid)
+    pid = before[0].pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    _wait_for_restart(client, 0, pid)
     after = client.status().slots
     assert after[0].restarts == before[0].restarts + 1
     results = client.execute_batch(["print('next')"] * 4)
@@ -49,12 +51,13 @@ def test_execution_on_a_dying_zygote_is_retried(client: SandboxClient, light: bo
     report = client.status()
     group = report.light_slots if light else report.slots
     assert [s.busy for s in group] == [True, True]
-    victim = group[1]
-    os.kill(victim.pid, signal.SIGKILL)
+    victim = group[1].pid
+    assert victim is not None
+    os.kill(victim, signal.SIGKILL)
     runner.join(60)
     assert [r.status for r in results] == [Status.ok, Status.ok]
     assert all(r.stdout == "survived\n" for r in results)
-    _wait_for_restart(client, 1, victim.pid, light)
+    _wait_for_restart(client, 1, victim, light)
 
 
 def test_zygote_killed_mid_run_without_mount_namespace_leaves_nothing_behind(
