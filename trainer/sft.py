@@ -36,7 +36,7 @@ from trainer.optim import build_optimizer
 from trainer.parallel import SINGLE, DataParallel
 from trainer.sft_data import load_sft_rows
 from trainer.tools import PromptStyle
-from trainer.toy import toy_conversations
+from trainer.toy_task import toy_conversations
 from trainer.update import Sample, forward, micro_batches
 
 TOY = "toy"

@@ -30,8 +30,8 @@ from trainer.problems import Problem
 from trainer.reward import reward
 from trainer.roc import RocSettings, resample_on_correct
 from trainer.rollout import Rollout, RolloutSettings, ToolRunner, generate_rollouts
-from trainer.sandbox import TimedRunner
 from trainer.scheduler import SchedulerSettings
+from trainer.tool_runners import TimedRunner
 from trainer.tools import PromptStyle, user_prompt
 from trainer.update import Sample, UpdateSettings, grpo_update
 

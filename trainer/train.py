@@ -40,9 +40,9 @@ from trainer.optim import build_optimizer, reset_optimizer_state
 from trainer.parallel import SINGLE, DataParallel
 from trainer.problems import Problem, ProblemSampler, hard_problems
 from trainer.rollout import RolloutSettings, ToolRunner
-from trainer.sandbox import open_runner
 from trainer.sft import load_conversations, run_sft
 from trainer.step import rl_step, rollout_settings
+from trainer.tool_runners import open_runner
 from trainer.tracking import MetricsLog
 
 

@@ -22,11 +22,11 @@ from trainer.config import TinyModelConfig, load_config
 from trainer.modeling import Policy, load_policy
 from trainer.optim import build_optimizer
 from trainer.rollout import RolloutSettings
-from trainer.sandbox import SandboxRunner
 from trainer.step import rl_step
-from trainer.tiny import build_model
+from trainer.tiny_model import build_model
+from trainer.tool_runners import SandboxRunner
 from trainer.tools import format_tool_call
-from trainer.toy import toy_problems
+from trainer.toy_task import toy_problems
 
 CONFIG = load_config(
     None,

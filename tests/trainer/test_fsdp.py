@@ -23,8 +23,8 @@ import yaml
 
 from trainer.config import ModelConfig, TinyModelConfig
 from trainer.modeling import Policy
-from trainer.tiny import build_model, build_tokenizer
-from trainer.toy import tokenizer_corpus
+from trainer.tiny_model import build_model, build_tokenizer
+from trainer.toy_task import tokenizer_corpus
 from trainer.update import Sample, UpdateSettings, grpo_update
 from trainer.weights import buckets, full_parameters
 

@@ -9,8 +9,8 @@ from trainer.chat import EOS
 from trainer.config import SftConfig, TinyModelConfig
 from trainer.modeling import Policy
 from trainer.sft import encode_conversation, run_sft
-from trainer.tiny import build_model
-from trainer.toy import toy_conversations, toy_problems, toy_transcript
+from trainer.tiny_model import build_model
+from trainer.toy_task import toy_conversations, toy_problems, toy_transcript
 
 
 def tiny_policy(tokenizer: PreTrainedTokenizerFast) -> Policy:

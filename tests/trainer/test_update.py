@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerFast
 from trainer.config import TinyModelConfig
 from trainer.grpo import ClipSettings
 from trainer.modeling import Policy, enable_activation_checkpointing
-from trainer.tiny import build_model
+from trainer.tiny_model import build_model
 from trainer.update import (
     Sample,
     UpdateSettings,

@@ -31,7 +31,7 @@ from trainer.config import TinyModelConfig, VllmConfig
 from trainer.parallel import SINGLE
 from trainer.rollout import RolloutSettings, generate_rollouts
 from trainer.scheduler import KvCapacity, RolloutScheduler, SchedulerSettings
-from trainer.tiny import build_model
+from trainer.tiny_model import build_model
 from trainer.tools import CALL_CLOSE, format_tool_call
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
