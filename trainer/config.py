@@ -194,6 +194,13 @@ class SftConfig:
     warmup_steps: int = 10
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    # Stop early once the model writes the final turn of held-out transcripts (toy: the answer
+    # after the tool's output, which it must copy) right with this probability, sampled at
+    # temperature 1; checked every check_every steps; sft.steps is then the most. None: always
+    # sft.steps.
+    stop_probability: float | None = None
+    check_every: int = 100
+    check_transcripts: int = 64
 
 
 @dataclass(frozen=True)

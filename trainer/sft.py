@@ -41,6 +41,7 @@ from trainer.update import Sample, forward, micro_batches
 
 TOY = "toy"
 TOY_SEED_OFFSET = 10_000  # toy SFT transcripts are on toy_problems(n, seed + this)
+CHECK_SEED_OFFSET = 20_000  # and the held-out ones of sft.stop_probability on seed + this
 Conversation = Sequence[Mapping[str, Any]]
 
 
@@ -54,6 +55,17 @@ def load_conversations(config: SftConfig, seed: int = 0) -> list[Conversation]:
             )
         )
     return list(load_sft_rows(config.data, config.format))
+
+
+def check_conversations(config: SftConfig, seed: int = 0) -> list[Conversation]:
+    """What ``sft.stop_probability`` is checked on: toy solutions with the tool, on problems
+    neither the SFT transcripts nor the shipped training set hold; their final turn copies
+    the number the tool printed into the answer."""
+    if config.stop_probability is None:
+        return []
+    if config.data != TOY:
+        raise ValueError("sft.stop_probability is checked on toy transcripts only (sft.data: toy)")
+    return list(toy_conversations(config.check_transcripts, seed + CHECK_SEED_OFFSET, 0.0))
 
 
 def encode_conversation(
@@ -80,6 +92,28 @@ def batch_rows(n: int, config: SftConfig, rng: random.Random) -> list[list[int]]
     return batches
 
 
+def final_turn(sample: Sample) -> Sample:
+    """``sample`` trained on its last turn only (the answer, what came before it given)."""
+    last_given = max((i for i, m in enumerate(sample.loss_mask) if not m), default=-1)
+    mask = [int(i > last_given) for i in range(len(sample.loss_mask))]
+    return Sample(sample.token_ids, mask, sample.advantage)
+
+
+def whole_probability(
+    policy: Policy, samples: Sequence[Sample], micro_batch_tokens: int = 16384
+) -> float:
+    """The mean probability that the policy, sampling at temperature 1, writes each sample's
+    trained tokens exactly, the rest of the transcript given."""
+    policy.model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for batch in micro_batches(policy, samples, range(len(samples)), micro_batch_tokens):
+            logprobs, _ = forward(policy, batch)  # (B, T)
+            total += (logprobs * batch.mask).sum(-1).exp().sum().item()
+    policy.model.train()
+    return total / max(1, len(samples))
+
+
 def run_sft(
     policy: Policy,
     conversations: Sequence[Conversation],
@@ -89,11 +123,15 @@ def run_sft(
     progress: bool = True,
     style: PromptStyle = "plain",
     dp: DataParallel = SINGLE,
+    check: Sequence[Conversation] = (),
 ) -> list[float]:
     """Fine-tune ``policy`` in place; the loss of every step (token-mean cross-entropy).
     ``style``: the prompt style the RL run will use (``prompt.style``); ``dp``: the ranks of a
-    sharded policy, each passing the same conversations."""
+    sharded policy, each passing the same conversations; ``check``: held-out conversations;
+    the run stops once the policy writes their final turns right (``whole_probability``) with
+    ``sft.stop_probability``."""
     samples = [encode_conversation(policy, m, style) for m in conversations]
+    checked = [final_turn(encode_conversation(policy, m, style)) for m in check]
     if config.max_tokens is not None:
         samples = [s for s in samples if len(s.token_ids) <= config.max_tokens]
     if not samples:
@@ -105,7 +143,8 @@ def run_sft(
     rng = random.Random(seed)
     losses = []
     policy.model.train()
-    for rows in tqdm(batch_rows(len(samples), config, rng), desc="sft", disable=not progress):
+    bar = tqdm(batch_rows(len(samples), config, rng), desc="sft", disable=not progress)
+    for step, rows in enumerate(bar, 1):
         kept = torch.tensor([sum(samples[i].loss_mask[1:]) for i in rows], dtype=torch.float32)
         scale_of = dict(zip(rows, sequence_scales(kept, "token_mean").tolist(), strict=True))
         optimizer.zero_grad(set_to_none=True)
@@ -122,6 +161,11 @@ def run_sft(
         optimizer.step()
         schedule.step()
         losses.append(dp.all_reduce_sum([total], policy.device)[0])
+        if checked and config.stop_probability is not None and step % config.check_every == 0:
+            solved = whole_probability(policy, checked, micro_batch_tokens)
+            bar.set_postfix(solved=f"{solved:.2f}")
+            if solved >= config.stop_probability:
+                break
     return losses
 
 
@@ -163,6 +207,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         progress=dp.rank == 0,
         style=config.prompt.style,
         dp=dp,
+        check=check_conversations(config.sft, config.seed),
     )
     if config.model.fsdp:
         from trainer.fsdp import save_pretrained

@@ -40,7 +40,14 @@ from trainer.optim import build_optimizer, reset_optimizer_state
 from trainer.parallel import SINGLE, DataParallel
 from trainer.problems import Problem, ProblemSampler, hard_problems
 from trainer.rollout import RolloutSettings, ToolRunner
-from trainer.sft import load_conversations, run_sft
+from trainer.sft import (
+    check_conversations,
+    encode_conversation,
+    final_turn,
+    load_conversations,
+    run_sft,
+    whole_probability,
+)
 from trainer.step import rl_step, rollout_settings
 from trainer.tool_runners import open_runner
 from trainer.tracking import MetricsLog
@@ -91,6 +98,7 @@ def frozen_copy(policy: Policy) -> Policy:
 
 def warm_start(policy: Policy, config: TrainConfig, output: Path, progress: bool) -> None:
     conversations = load_conversations(config.sft, config.seed)
+    check = check_conversations(config.sft, config.seed)
     losses = run_sft(
         policy,
         conversations,
@@ -99,9 +107,15 @@ def warm_start(policy: Policy, config: TrainConfig, output: Path, progress: bool
         config.optim.micro_batch_tokens,
         progress,
         config.prompt.style,
+        check=check,
     )
     policy.save(output / "sft")
     summary = {"steps": len(losses), "first_loss": losses[0], "last_loss": losses[-1]}
+    if check:
+        samples = [final_turn(encode_conversation(policy, m, config.prompt.style)) for m in check]
+        summary["check_probability"] = whole_probability(
+            policy, samples, config.optim.micro_batch_tokens
+        )
     (output / "sft" / "sft_summary.json").write_text(json.dumps(summary))
 
 

@@ -1,6 +1,9 @@
-"""sft.py: only the assistant's tokens are trained on, and the loss goes down."""
+"""sft.py: only the assistant's tokens are trained on, the loss goes down, and the run can
+stop once the held-out answers are right."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from transformers import PreTrainedTokenizerFast
@@ -8,7 +11,13 @@ from transformers import PreTrainedTokenizerFast
 from trainer.chat import EOS
 from trainer.config import SftConfig, TinyModelConfig
 from trainer.modeling import Policy
-from trainer.sft import encode_conversation, run_sft
+from trainer.sft import (
+    check_conversations,
+    encode_conversation,
+    final_turn,
+    run_sft,
+    whole_probability,
+)
 from trainer.tiny_model import build_model
 from trainer.toy_task import toy_conversations, toy_problems, toy_transcript
 
@@ -47,3 +56,37 @@ def test_sft_lowers_the_loss(tokenizer: PreTrainedTokenizerFast) -> None:
     )
     assert len(losses) == 30
     assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
+
+
+def test_final_turn_is_the_answer_after_the_tool(tokenizer: PreTrainedTokenizerFast) -> None:
+    problem = toy_problems(1, seed=1)[0]
+    sample = final_turn(encode_conversation(tiny_policy(tokenizer), toy_transcript(problem)))
+    trained = [t for t, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m]
+    assert tokenizer.decode(trained) == f"<answer>\\boxed{{{problem.answer}}}</answer>{EOS}"
+
+
+def test_whole_probability_is_the_product_over_the_trained_tokens(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    policy = tiny_policy(tokenizer)
+    conversations = check_conversations(SftConfig(stop_probability=0.5, check_transcripts=3))
+    assert len(conversations) == 3 and all(len(c) == 4 for c in conversations)  # all with the tool
+    samples = [final_turn(encode_conversation(policy, m)) for m in conversations]
+    with torch.no_grad():
+        one = []
+        for s in samples:
+            logits = policy.model(torch.tensor([s.token_ids])).logits[0, :-1].log_softmax(-1)
+            picked = logits.gather(-1, torch.tensor(s.token_ids[1:]).unsqueeze(-1))[:, 0]
+            one.append(math.exp(float((picked * torch.tensor(s.loss_mask[1:])).sum())))
+    assert math.isclose(whole_probability(policy, samples), sum(one) / 3, rel_tol=1e-4)
+
+
+def test_sft_stops_once_the_held_out_answers_are_right(tokenizer: PreTrainedTokenizerFast) -> None:
+    conversations = toy_conversations(32, seed=0, direct_share=0.0)
+    config = SftConfig(steps=30, batch_size=8, stop_probability=0.0, check_every=4)
+    check = check_conversations(config)
+    losses = run_sft(tiny_policy(tokenizer), conversations, config, progress=False, check=check)
+    assert len(losses) == 4  # any probability reaches 0: stopped at the first check
+    never = SftConfig(steps=6, batch_size=8, stop_probability=1.1, check_every=2)
+    losses = run_sft(tiny_policy(tokenizer), conversations, never, progress=False, check=check)
+    assert len(losses) == 6
