@@ -69,7 +69,7 @@ class RolloutConfig:
     # static / balanced: each rollout at its own pace, tool calls sent as its turn ends, turns
     # on a fixed engine (static) or placed by free KV cache with prefix affinity (balanced).
     scheduler: Literal["rounds", "static", "balanced"] = "rounds"
-    chunk_tokens: int | None = 1024  # balanced: new tokens per request (trainer/scheduler.py)
+    chunk_tokens: int | None = 1024  # balanced: new tokens per request (trainer/placement.py)
     locality_wait_s: float = 2.0  # balanced: wait for the engine holding the prefix, then move
     backend: Literal["hf", "vllm"] = "hf"  # vllm: the `vllm` section, GPUs and the gpu extra
 

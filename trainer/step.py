@@ -26,11 +26,11 @@ from trainer.config import TrainConfig
 from trainer.grpo import ClipSettings, group_advantages
 from trainer.modeling import Policy
 from trainer.parallel import SINGLE, DataParallel
+from trainer.placement import SchedulerSettings
 from trainer.problems import Problem
 from trainer.reward import reward
 from trainer.roc import RocSettings, resample_on_correct
 from trainer.rollout import Rollout, RolloutSettings, ToolRunner, generate_rollouts
-from trainer.scheduler import SchedulerSettings
 from trainer.tool_runners import TimedRunner
 from trainer.tools import PromptStyle, user_prompt
 from trainer.update import Sample, UpdateSettings, grpo_update

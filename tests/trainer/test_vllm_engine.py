@@ -27,8 +27,8 @@ from trainer.backends.base import GenerationRequest, SamplingParams
 from trainer.chat import EOS, decode
 from trainer.config import SftConfig, TinyModelConfig, VllmConfig
 from trainer.modeling import Policy
+from trainer.placement import SchedulerSettings
 from trainer.rollout import RolloutSettings, generate_rollouts
-from trainer.scheduler import SchedulerSettings
 from trainer.sft import run_sft
 from trainer.step import prompt_ids
 from trainer.tiny_model import build_model, build_tokenizer
