@@ -29,11 +29,12 @@ import torch
 from tqdm import tqdm
 
 from trainer.chat import conversation_segments
-from trainer.config import OptimConfig, SftConfig, TrainConfig, load_config
+from trainer.config import OptimConfig, SftConfig, load_config
 from trainer.grpo import sequence_scales
-from trainer.modeling import Policy, load_policy
+from trainer.modeling import Policy
 from trainer.optim import build_optimizer
 from trainer.parallel import SINGLE, DataParallel
+from trainer.policy_host import policy_host
 from trainer.sft_data import load_sft_rows
 from trainer.tools import PromptStyle
 from trainer.toy_task import toy_conversations
@@ -169,17 +170,6 @@ def run_sft(
     return losses
 
 
-def sft_policy(config: TrainConfig) -> tuple[Policy, DataParallel]:
-    """The model to fine-tune: on this process, or sharded over the ranks (``model.fsdp``)."""
-    if not config.model.fsdp:
-        return load_policy(config.model, seed=config.seed), SINGLE
-    from trainer import fsdp
-
-    device = config.model.device if config.model.device != "auto" else None
-    dp = fsdp.init_distributed(device)
-    return fsdp.load_sharded_policy(config.model, None, config.seed, dp), dp
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -196,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     overrides = {k: v for k, v in given.items() if v is not None}
     config = load_config(args.config, overrides)
     torch.manual_seed(config.seed)
-    policy, dp = sft_policy(config)
+    host = policy_host(config.model)
+    policy, dp = host.load(config.model, None, config.seed), host.dp
     conversations = load_conversations(config.sft, config.seed)
     losses = run_sft(
         policy,
@@ -209,12 +200,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         dp=dp,
         check=check_conversations(config.sft, config.seed),
     )
-    if config.model.fsdp:
-        from trainer.fsdp import save_pretrained
-
-        save_pretrained(policy, args.output, dp)
-    else:
-        policy.save(args.output)
+    host.save_pretrained(policy, args.output)
     if dp.rank == 0:
         print(json.dumps({"steps": len(losses), "first_loss": losses[0], "last_loss": losses[-1]}))
 

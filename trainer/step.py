@@ -199,49 +199,63 @@ def to_samples(kept: list[list[Scored]], sampled_logprobs: bool = False) -> list
     return samples
 
 
+@dataclass
+class StepContext:
+    """What the RL steps of a stage share: everything a step uses besides its problems.
+    ``rollout``: the stage's rollout settings; ``rng``: RoC's and the update's generator
+    (with several ranks, every rank holds the same state); ``reference``: the frozen policy of
+    the KL term (``loss.kl_coef`` > 0)."""
+
+    policy: Policy
+    optimizer: torch.optim.Optimizer
+    backend: GenerationBackend
+    runner: ToolRunner
+    config: TrainConfig
+    rollout: RolloutSettings
+    rng: random.Random
+    reference: Policy | None = None
+    dp: DataParallel = SINGLE
+
+
 async def rl_step(
-    problems: Sequence[Problem],
-    policy: Policy,
-    optimizer: torch.optim.Optimizer,
-    backend: GenerationBackend,
-    runner: ToolRunner,
-    config: TrainConfig,
-    rollout: RolloutSettings,
-    rng: random.Random,
-    reference: Policy | None = None,
-    dp: DataParallel = SINGLE,
+    problems: Sequence[Problem], ctx: StepContext
 ) -> tuple[dict[str, float], list[list[Scored]]]:
     """One step on ``problems``; the step's metrics and every scored rollout (for logging).
     With several ranks, every rank calls it with the same problems and ``rng`` state."""
+    config = ctx.config
     start = time.monotonic()
     per_problem = config.rollout.group_size * config.rollout.oversample
-    tools = TimedRunner(runner)
+    tools = TimedRunner(ctx.runner)
     groups = await sample_groups(
         problems,
         per_problem,
-        policy,
-        backend,
+        ctx.policy,
+        ctx.backend,
         tools,
-        rollout,
+        ctx.rollout,
         config.reward.require_answer_tag,
-        dp,
+        ctx.dp,
     )
-    backend.offload()
+    ctx.backend.offload()
     rolled = time.monotonic()
-    kept, metrics = select(groups, config, rng)
+    kept, metrics = select(groups, config, ctx.rng)
     metrics.update(rollout_metrics([s for g in groups for s in g]))
-    samples = to_samples(kept, sampled_logprobs=rollout.temperature == 1 and rollout.top_p == 1)
+    on_policy = ctx.rollout.temperature == 1 and ctx.rollout.top_p == 1
+    samples = to_samples(kept, sampled_logprobs=on_policy)
     metrics.update(advantage_metrics(samples))
     if samples:
+        settings = update_settings(config)
         metrics.update(
-            grpo_update(policy, optimizer, samples, update_settings(config), rng, reference, dp)
+            grpo_update(
+                ctx.policy, ctx.optimizer, samples, settings, ctx.rng, ctx.reference, ctx.dp
+            )
         )
     else:  # every group was all-right or all-wrong: nothing to learn from this step
         metrics.update(
             dict.fromkeys(("loss", "clip_frac", "approx_kl", "entropy", "grad_norm"), 0.0)
         )
     updated = time.monotonic()
-    backend.update_weights(policy.model, changed=bool(samples))
+    ctx.backend.update_weights(ctx.policy.model, changed=bool(samples))
     metrics["time_push_s"] = time.monotonic() - updated
     metrics["updated"] = float(bool(samples))
     metrics["reward_kept_mean"] = sum(s.reward for g in kept for s in g) / max(
