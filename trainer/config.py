@@ -16,8 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
-from trainer.grpo import Aggregation
-from trainer.roc import RocVariant
+from trainer.grpo import Aggregation, ClipSettings
 from trainer.sft_data import SftFormat
 from trainer.tools import PromptStyle, TruncateSide
 
@@ -125,6 +124,9 @@ class ToolConfig:
     batch_timeout_s: float = 0.01
 
 
+RocVariant = Literal["sample", "release"]  # trainer/roc.py
+
+
 @dataclass(frozen=True)
 class RocConfig:
     enabled: bool = True
@@ -145,6 +147,10 @@ class LossConfig:
     dual_clip_c: float | None = None
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
+
+    @property
+    def clip(self) -> ClipSettings:
+        return ClipSettings(self.eps_low, self.eps_high, self.dual_clip_c)
 
 
 @dataclass(frozen=True)
