@@ -113,24 +113,12 @@ def test_several_mini_batches_clip_and_report_it(tokenizer: PreTrainedTokenizerF
 def test_kl_needs_a_reference(tokenizer: PreTrainedTokenizerFast) -> None:
     policy = policy_of(tokenizer)
     optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.1)
+    samples, loss = samples_of(tokenizer), LossConfig(kl_coef=0.1)
     with pytest.raises(ValueError, match="reference"):
-        grpo_update(
-            policy,
-            optimizer,
-            samples_of(tokenizer),
-            LossConfig(kl_coef=0.1),
-            OptimConfig(),
-            random.Random(0),
-        )
+        grpo_update(policy, optimizer, samples, loss, OptimConfig(), random.Random(0))
     reference = policy_of(tokenizer, seed=1)
     metrics = grpo_update(
-        policy,
-        optimizer,
-        samples_of(tokenizer),
-        LossConfig(kl_coef=0.1),
-        OptimConfig(),
-        random.Random(0),
-        reference,
+        policy, optimizer, samples, loss, OptimConfig(), random.Random(0), reference
     )
     assert metrics["loss"] == metrics["loss"]  # finite, not NaN
 
