@@ -15,8 +15,8 @@ System, user and tool-response tokens get mask 0.
 ``sft.epochs`` passes over the data in shuffled batches of ``sft.batch_size`` conversations;
 without it, ``sft.steps`` batches drawn at random. With ``sft.stop_probability`` (toy data) the
 run stops early once the model writes held-out answers right with that probability: a tiny
-model learns to copy the tool's output after a number of steps that varies with the seed. A batch's loss is the mean over all its
-trained tokens, whatever their micro-batches and ranks.
+model learns to copy the tool's output after a number of steps that varies with the seed.
+A batch's loss is the mean over all its trained tokens, whatever their micro-batches and ranks.
 """
 
 from __future__ import annotations
