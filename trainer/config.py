@@ -207,6 +207,11 @@ class SftConfig:
     stop_probability: float | None = None
     check_every: int = 100
     check_transcripts: int = 64
+    # toy: a curriculum. First the transcripts with the tool only (sft.steps at most, until
+    # stop_probability), so that nothing competes with learning to copy the tool's number;
+    # then mix_steps steps on the mix of toy_direct_share, which teaches answering directly.
+    toy_copy_first: bool = False
+    mix_steps: int = 300
 
 
 @dataclass(frozen=True)

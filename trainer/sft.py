@@ -25,13 +25,14 @@ import argparse
 import json
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
 from trainer.chat import conversation_segments
-from trainer.config import OptimConfig, SftConfig, load_config
+from trainer.config import OptimConfig, SftConfig, TrainConfig, load_config
 from trainer.grpo import sequence_scales
 from trainer.modeling import Policy
 from trainer.optim import build_optimizer
@@ -172,6 +173,21 @@ def run_sft(
     return losses
 
 
+def fine_tune(
+    policy: Policy, config: TrainConfig, progress: bool = True, dp: DataParallel = SINGLE
+) -> list[float]:
+    """The ``sft`` section's fine-tuning of ``policy`` (in place); the loss of every step."""
+    sft, seed = config.sft, config.seed
+    check = check_conversations(sft, seed)
+    common = (seed, config.optim.micro_batch_tokens, progress, config.prompt.style, dp)
+    if sft.data == TOY and sft.toy_copy_first:
+        copying = toy_conversations(sft.toy_transcripts, seed + TOY_SEED_OFFSET, 0.0)
+        losses = run_sft(policy, copying, sft, *common, check=check)
+        mixing = replace(sft, steps=sft.mix_steps, epochs=None, stop_probability=None)
+        return losses + run_sft(policy, load_conversations(sft, seed), mixing, *common)
+    return run_sft(policy, load_conversations(sft, seed), sft, *common, check=check)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -190,18 +206,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.manual_seed(config.seed)
     host = policy_host(config.model)
     policy, dp = host.load(config.model, None, config.seed), host.dp
-    conversations = load_conversations(config.sft, config.seed)
-    losses = run_sft(
-        policy,
-        conversations,
-        config.sft,
-        config.seed,
-        config.optim.micro_batch_tokens,
-        progress=dp.rank == 0,
-        style=config.prompt.style,
-        dp=dp,
-        check=check_conversations(config.sft, config.seed),
-    )
+    losses = fine_tune(policy, config, progress=dp.rank == 0, dp=dp)
     host.save_pretrained(policy, args.output)
     if dp.rank == 0:
         print(json.dumps({"steps": len(losses), "first_loss": losses[0], "last_loss": losses[-1]}))

@@ -45,8 +45,7 @@ from trainer.sft import (
     check_conversations,
     encode_conversation,
     final_turn,
-    load_conversations,
-    run_sft,
+    fine_tune,
     whole_probability,
 )
 from trainer.step import StepContext, rl_step, rollout_settings
@@ -98,18 +97,8 @@ def frozen_copy(policy: Policy) -> Policy:
 
 
 def warm_start(policy: Policy, config: TrainConfig, output: Path, progress: bool) -> None:
-    conversations = load_conversations(config.sft, config.seed)
+    losses = fine_tune(policy, config, progress)
     check = check_conversations(config.sft, config.seed)
-    losses = run_sft(
-        policy,
-        conversations,
-        config.sft,
-        config.seed,
-        config.optim.micro_batch_tokens,
-        progress,
-        config.prompt.style,
-        check=check,
-    )
     policy.save(output / "sft")
     summary = {"steps": len(losses), "first_loss": losses[0], "last_loss": losses[-1]}
     if check:
