@@ -4,17 +4,22 @@ stop once the held-out answers are right."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
+import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
+import trainer.sft as sft_module
 from trainer.chat import EOS
-from trainer.config import SftConfig, TinyModelConfig
+from trainer.config import SftConfig, TinyModelConfig, TrainConfig
 from trainer.modeling import Policy
 from trainer.sft import (
     check_conversations,
     encode_conversation,
     final_turn,
+    fine_tune,
     run_sft,
     whole_probability,
 )
@@ -90,3 +95,31 @@ def test_sft_stops_once_the_held_out_answers_are_right(tokenizer: PreTrainedToke
     never = SftConfig(steps=6, batch_size=8, stop_probability=1.1, check_every=2)
     losses = run_sft(tiny_policy(tokenizer), conversations, never, progress=False, check=check)
     assert len(losses) == 6
+
+
+def test_toy_curriculum_copies_first_then_mixes(
+    tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sft = SftConfig(
+        enabled=True,
+        toy_transcripts=32,
+        toy_direct_share=0.5,
+        steps=30,
+        batch_size=8,
+        stop_probability=0.0,
+        check_every=2,
+        toy_copy_first=True,
+        mix_steps=3,
+    )
+    config = TrainConfig(sft=sft)
+    seen: list[int] = []
+    real = sft_module.run_sft
+
+    def spy(policy: Policy, conversations: Sequence[Any], *args: Any, **kwargs: Any) -> list[float]:
+        seen.append(sum(len(c) == 2 for c in conversations))  # direct answers in the phase
+        return real(policy, conversations, *args, **kwargs)
+
+    monkeypatch.setattr(sft_module, "run_sft", spy)
+    losses = fine_tune(tiny_policy(tokenizer), config, progress=False)
+    assert len(losses) == 2 + 3  # stopped at the first check, then the mixing steps
+    assert seen[0] == 0 and seen[1] > 0  # tool transcripts only, then the mix
