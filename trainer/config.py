@@ -16,8 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
-from trainer.grpo import Aggregation
-from trainer.roc import RocVariant
+from trainer.grpo import Aggregation, ClipSettings
 from trainer.sft_data import SftFormat
 from trainer.tools import PromptStyle, TruncateSide
 
@@ -69,7 +68,7 @@ class RolloutConfig:
     # static / balanced: each rollout at its own pace, tool calls sent as its turn ends, turns
     # on a fixed engine (static) or placed by free KV cache with prefix affinity (balanced).
     scheduler: Literal["rounds", "static", "balanced"] = "rounds"
-    chunk_tokens: int | None = 1024  # balanced: new tokens per request (trainer/scheduler.py)
+    chunk_tokens: int | None = 1024  # balanced: new tokens per request (trainer/placement.py)
     locality_wait_s: float = 2.0  # balanced: wait for the engine holding the prefix, then move
     backend: Literal["hf", "vllm"] = "hf"  # vllm: the `vllm` section, GPUs and the gpu extra
 
@@ -125,6 +124,9 @@ class ToolConfig:
     batch_timeout_s: float = 0.01
 
 
+RocVariant = Literal["sample", "release"]  # trainer/roc.py
+
+
 @dataclass(frozen=True)
 class RocConfig:
     enabled: bool = True
@@ -145,6 +147,10 @@ class LossConfig:
     dual_clip_c: float | None = None
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
+
+    @property
+    def clip(self) -> ClipSettings:
+        return ClipSettings(self.eps_low, self.eps_high, self.dual_clip_c)
 
 
 @dataclass(frozen=True)
@@ -194,6 +200,18 @@ class SftConfig:
     warmup_steps: int = 10
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    # Stop early once the model writes the final turn of held-out transcripts (toy: the answer
+    # after the tool's output, which it must copy) right with this probability, sampled at
+    # temperature 1; checked every check_every steps; sft.steps is then the most. None: always
+    # sft.steps.
+    stop_probability: float | None = None
+    check_every: int = 100
+    check_transcripts: int = 64
+    # toy: a curriculum. First the transcripts with the tool only (sft.steps at most, until
+    # stop_probability), so that nothing competes with learning to copy the tool's number;
+    # then mix_steps steps on the mix of toy_direct_share, which teaches answering directly.
+    toy_copy_first: bool = False
+    mix_steps: int = 300
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ from trainer.modeling import Policy, load_policy
 from trainer.parallel import SINGLE, DataParallel
 from trainer.problems import Problem, load_problems
 from trainer.rollout import RolloutSettings, ToolRunner
-from trainer.sandbox import open_runner
 from trainer.step import Scored, rollout_metrics, rollout_settings, sample_groups
-from trainer.toy import SHIPPED
+from trainer.tool_runners import open_runner
+from trainer.toy_task import SHIPPED
 
 TOY = "toy"
 

@@ -71,12 +71,6 @@ def init_distributed(device_type: str | None = None, timeout_s: float = 1800) ->
     return DataParallel(dist.get_rank(), dist.get_world_size())
 
 
-def local_device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated blocks (``model.model.layers`` in transformers' causal LMs)."""
     body = getattr(model, "model", None)

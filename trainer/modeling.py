@@ -24,8 +24,8 @@ from transformers import (
 )
 
 from trainer.config import ModelConfig
-from trainer.tiny import build_model, build_tokenizer
-from trainer.toy import tokenizer_corpus
+from trainer.tiny_model import build_model, build_tokenizer
+from trainer.toy_task import tokenizer_corpus
 
 TINY = "tiny"
 PLAIN_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")

@@ -9,7 +9,6 @@ Resample-on-Correct with the same generator.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -61,8 +60,3 @@ class DataParallel:
 
 
 SINGLE = DataParallel()  # one process: the default wherever a DataParallel is taken
-
-
-def from_environment() -> DataParallel:
-    """The rank and world size ``torchrun`` set (one process when it did not)."""
-    return DataParallel(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))

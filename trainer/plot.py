@@ -142,33 +142,34 @@ def draw(ax: Any, panel: Panel, runs: Sequence[Run]) -> None:
 
 def plot_runs(runs: Sequence[Run], output: str | Path, dpi: int = 80) -> list[Path]:
     """Every panel as its own PNG and all of them in ``curves.png``; the paths written."""
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    alone = [save_panels((p,), runs, output / f"{p.name}.png", dpi, columns=1) for p in PANELS]
+    return [*alone, save_panels(PANELS, runs, output / "curves.png", dpi, columns=4)]
+
+
+def save_panels(
+    panels: Sequence[Panel], runs: Sequence[Run], path: Path, dpi: int, columns: int
+) -> Path:
+    """``panels`` in a grid of ``columns``, written to ``path``; one panel gets a larger box."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
-    written = []
-    for panel in PANELS:
-        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=dpi)
+    rows = -(-len(panels) // columns)
+    width, height = (6.0, 3.6) if len(panels) == 1 else (4.2, 3.2)
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(width * columns, height * rows), dpi=dpi, squeeze=False
+    )
+    for ax, panel in zip(axes.flat, panels, strict=False):
         draw(ax, panel, runs)
-        fig.tight_layout()
-        written.append(output / f"{panel.name}.png")
-        fig.savefig(written[-1])
-        plt.close(fig)
-    columns = 4
-    rows = -(-len(PANELS) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.2 * rows), dpi=dpi)
-    for ax, panel in zip(axes.flat, PANELS, strict=False):
-        draw(ax, panel, runs)
-    for ax in list(axes.flat)[len(PANELS) :]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.tight_layout()
-    written.append(output / "curves.png")
-    fig.savefig(written[-1])
+    fig.savefig(path)
     plt.close(fig)
-    return written
+    return path
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -33,9 +33,8 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-RocVariant = Literal["sample", "release"]
+from trainer.config import RocConfig
 
 
 @dataclass(frozen=True)
@@ -50,18 +49,6 @@ class RocSample:
     turns: int  # assistant turns
 
 
-@dataclass(frozen=True)
-class RocSettings:
-    keep: int  # G: rollouts kept per group
-    variant: RocVariant = "sample"
-    use_error_ratio: bool = True
-    use_answer_format: bool = True
-    min_penalty: float = 1e-3
-    min_positives: int = 2  # release variant only
-    min_negatives: int = 2  # release variant only
-    drop_equal_reward: bool = True
-
-
 def p_err(sample: RocSample) -> float:
     if sample.tool_calls == 0:
         return 0.5
@@ -74,7 +61,7 @@ def p_format(sample: RocSample) -> float:
     return min(1.0, (sample.answers - 1) / sample.turns)
 
 
-def penalty(sample: RocSample, settings: RocSettings) -> float:
+def penalty(sample: RocSample, settings: RocConfig) -> float:
     """``p_total``, with either term switched off as the settings say."""
     total = 0.0
     if settings.use_error_ratio:
@@ -116,16 +103,17 @@ def sample_without_replacement(weights: Sequence[float], k: int, rng: random.Ran
 
 
 def select_group(
-    samples: Sequence[RocSample], settings: RocSettings, rng: random.Random
+    samples: Sequence[RocSample], settings: RocConfig, keep: int, rng: random.Random
 ) -> list[int] | None:
-    """The indices of ``samples`` to keep, or None when the group is dropped."""
+    """The indices of ``samples`` to keep (``keep`` of them: G), or None when the group is
+    dropped."""
     positives = [i for i, s in enumerate(samples) if s.reward > 0]
     negatives = [i for i, s in enumerate(samples) if s.reward <= 0]
     if settings.drop_equal_reward and (not positives or not negatives):
         return None
     if settings.variant == "release":
-        return _select_release(samples, positives, negatives, settings)
-    n_pos, n_neg = class_counts(len(positives), len(negatives), settings.keep)
+        return _select_release(samples, positives, negatives, settings, keep)
+    n_pos, n_neg = class_counts(len(positives), len(negatives), keep)
     weights = [1.0 / max(penalty(samples[i], settings), settings.min_penalty) for i in positives]
     kept_pos = [positives[j] for j in sample_without_replacement(weights, n_pos, rng)]
     kept_neg = rng.sample(negatives, n_neg)
@@ -136,11 +124,12 @@ def _select_release(
     samples: Sequence[RocSample],
     positives: list[int],
     negatives: list[int],
-    settings: RocSettings,
+    settings: RocConfig,
+    keep: int,
 ) -> list[int] | None:
     """rStar's ``resample_of_correct`` (commit 5e95b19): the positives with the lowest penalties
     and the first negatives in generation order, with minimums."""
-    n, keep = len(samples), settings.keep
+    n = len(samples)
     if n < keep:
         return None  # the release skips groups smaller than the target
     if n == keep:
@@ -168,9 +157,11 @@ class RocOutcome:
 
 
 def resample_on_correct(
-    groups: Sequence[Sequence[RocSample]], settings: RocSettings, rng: random.Random
+    groups: Sequence[Sequence[RocSample]], settings: RocConfig, keep: int, rng: random.Random
 ) -> RocOutcome:
-    kept = [select_group(group, settings, rng) for group in groups]
+    """``select_group`` on each group (``keep``: G, the rollouts kept of each); ``settings``:
+    the ``roc`` section (``enabled`` is the caller's)."""
+    kept = [select_group(group, settings, keep, rng) for group in groups]
     positives = [s for g in groups for s in g if s.reward > 0]
     kept_samples = [g[i] for g, k in zip(groups, kept, strict=True) if k for i in k]
     kept_positives = [s for s in kept_samples if s.reward > 0]

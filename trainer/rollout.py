@@ -32,15 +32,10 @@ from transformers import PreTrainedTokenizerBase
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Mode
 from trainer.backends.base import Generation, GenerationBackend, GenerationRequest, SamplingParams
 from trainer.chat import decode, tool_turn_text
+from trainer.placement import RolloutScheduler, SchedulerSettings
 from trainer.roc import RocSample
-from trainer.scheduler import (
-    RolloutScheduler,
-    SchedulerSettings,
-    ToolDispatcher,
-    ToolRunner,
-    run_async,
-    run_in_rounds,
-)
+from trainer.scheduler import run_async, run_in_rounds
+from trainer.tool_dispatch import ToolDispatcher, ToolRunner
 from trainer.tools import (
     CALL_CLOSE,
     ParsedCall,

@@ -13,8 +13,10 @@ System, user and tool-response tokens get mask 0.
         --output runs/sft --data sft.jsonl          # model.fsdp: sharded over the ranks
 
 ``sft.epochs`` passes over the data in shuffled batches of ``sft.batch_size`` conversations;
-without it, ``sft.steps`` batches drawn at random. A batch's loss is the mean over all its
-trained tokens, whatever their micro-batches and ranks.
+without it, ``sft.steps`` batches drawn at random. With ``sft.stop_probability`` (toy data) the
+run stops early once the model writes held-out answers right with that probability: a tiny
+model learns to copy the tool's output after a number of steps that varies with the seed.
+A batch's loss is the mean over all its trained tokens, whatever their micro-batches and ranks.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import json
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -31,16 +34,18 @@ from tqdm import tqdm
 from trainer.chat import conversation_segments
 from trainer.config import OptimConfig, SftConfig, TrainConfig, load_config
 from trainer.grpo import sequence_scales
-from trainer.modeling import Policy, load_policy
+from trainer.modeling import Policy
 from trainer.optim import build_optimizer
 from trainer.parallel import SINGLE, DataParallel
+from trainer.policy_host import policy_host
 from trainer.sft_data import load_sft_rows
 from trainer.tools import PromptStyle
-from trainer.toy import toy_conversations
+from trainer.toy_task import toy_conversations
 from trainer.update import Sample, forward, micro_batches
 
 TOY = "toy"
 TOY_SEED_OFFSET = 10_000  # toy SFT transcripts are on toy_problems(n, seed + this)
+CHECK_SEED_OFFSET = 20_000  # and the held-out ones of sft.stop_probability on seed + this
 Conversation = Sequence[Mapping[str, Any]]
 
 
@@ -54,6 +59,17 @@ def load_conversations(config: SftConfig, seed: int = 0) -> list[Conversation]:
             )
         )
     return list(load_sft_rows(config.data, config.format))
+
+
+def check_conversations(config: SftConfig, seed: int = 0) -> list[Conversation]:
+    """What ``sft.stop_probability`` is checked on: toy solutions with the tool, on problems
+    neither the SFT transcripts nor the shipped training set hold; their final turn copies
+    the number the tool printed into the answer."""
+    if config.stop_probability is None:
+        return []
+    if config.data != TOY:
+        raise ValueError("sft.stop_probability is checked on toy transcripts only (sft.data: toy)")
+    return list(toy_conversations(config.check_transcripts, seed + CHECK_SEED_OFFSET, 0.0))
 
 
 def encode_conversation(
@@ -80,6 +96,28 @@ def batch_rows(n: int, config: SftConfig, rng: random.Random) -> list[list[int]]
     return batches
 
 
+def final_turn(sample: Sample) -> Sample:
+    """``sample`` trained on its last turn only (the answer, what came before it given)."""
+    last_given = max((i for i, m in enumerate(sample.loss_mask) if not m), default=-1)
+    mask = [int(i > last_given) for i in range(len(sample.loss_mask))]
+    return Sample(sample.token_ids, mask, sample.advantage)
+
+
+def whole_probability(
+    policy: Policy, samples: Sequence[Sample], micro_batch_tokens: int = 16384
+) -> float:
+    """The mean probability that the policy, sampling at temperature 1, writes each sample's
+    trained tokens exactly, the rest of the transcript given."""
+    policy.model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for batch in micro_batches(policy, samples, range(len(samples)), micro_batch_tokens):
+            logprobs, _ = forward(policy, batch)  # (B, T)
+            total += (logprobs * batch.mask).sum(-1).exp().sum().item()
+    policy.model.train()
+    return total / max(1, len(samples))
+
+
 def run_sft(
     policy: Policy,
     conversations: Sequence[Conversation],
@@ -89,11 +127,15 @@ def run_sft(
     progress: bool = True,
     style: PromptStyle = "plain",
     dp: DataParallel = SINGLE,
+    check: Sequence[Conversation] = (),
 ) -> list[float]:
     """Fine-tune ``policy`` in place; the loss of every step (token-mean cross-entropy).
     ``style``: the prompt style the RL run will use (``prompt.style``); ``dp``: the ranks of a
-    sharded policy, each passing the same conversations."""
+    sharded policy, each passing the same conversations; ``check``: held-out conversations;
+    the run stops once the policy writes their final turns right (``whole_probability``) with
+    ``sft.stop_probability``."""
     samples = [encode_conversation(policy, m, style) for m in conversations]
+    checked = [final_turn(encode_conversation(policy, m, style)) for m in check]
     if config.max_tokens is not None:
         samples = [s for s in samples if len(s.token_ids) <= config.max_tokens]
     if not samples:
@@ -105,7 +147,8 @@ def run_sft(
     rng = random.Random(seed)
     losses = []
     policy.model.train()
-    for rows in tqdm(batch_rows(len(samples), config, rng), desc="sft", disable=not progress):
+    bar = tqdm(batch_rows(len(samples), config, rng), desc="sft", disable=not progress)
+    for step, rows in enumerate(bar, 1):
         kept = torch.tensor([sum(samples[i].loss_mask[1:]) for i in rows], dtype=torch.float32)
         scale_of = dict(zip(rows, sequence_scales(kept, "token_mean").tolist(), strict=True))
         optimizer.zero_grad(set_to_none=True)
@@ -122,18 +165,27 @@ def run_sft(
         optimizer.step()
         schedule.step()
         losses.append(dp.all_reduce_sum([total], policy.device)[0])
+        if checked and config.stop_probability is not None and step % config.check_every == 0:
+            solved = whole_probability(policy, checked, micro_batch_tokens)
+            bar.set_postfix(solved=f"{solved:.2f}")
+            if solved >= config.stop_probability:
+                break
     return losses
 
 
-def sft_policy(config: TrainConfig) -> tuple[Policy, DataParallel]:
-    """The model to fine-tune: on this process, or sharded over the ranks (``model.fsdp``)."""
-    if not config.model.fsdp:
-        return load_policy(config.model, seed=config.seed), SINGLE
-    from trainer import fsdp
-
-    device = config.model.device if config.model.device != "auto" else None
-    dp = fsdp.init_distributed(device)
-    return fsdp.load_sharded_policy(config.model, None, config.seed, dp), dp
+def fine_tune(
+    policy: Policy, config: TrainConfig, progress: bool = True, dp: DataParallel = SINGLE
+) -> list[float]:
+    """The ``sft`` section's fine-tuning of ``policy`` (in place); the loss of every step."""
+    sft, seed = config.sft, config.seed
+    check = check_conversations(sft, seed)
+    common = (seed, config.optim.micro_batch_tokens, progress, config.prompt.style, dp)
+    if sft.data == TOY and sft.toy_copy_first:
+        copying = toy_conversations(sft.toy_transcripts, seed + TOY_SEED_OFFSET, 0.0)
+        losses = run_sft(policy, copying, sft, *common, check=check)
+        mixing = replace(sft, steps=sft.mix_steps, epochs=None, stop_probability=None)
+        return losses + run_sft(policy, load_conversations(sft, seed), mixing, *common)
+    return run_sft(policy, load_conversations(sft, seed), sft, *common, check=check)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -152,24 +204,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     overrides = {k: v for k, v in given.items() if v is not None}
     config = load_config(args.config, overrides)
     torch.manual_seed(config.seed)
-    policy, dp = sft_policy(config)
-    conversations = load_conversations(config.sft, config.seed)
-    losses = run_sft(
-        policy,
-        conversations,
-        config.sft,
-        config.seed,
-        config.optim.micro_batch_tokens,
-        progress=dp.rank == 0,
-        style=config.prompt.style,
-        dp=dp,
-    )
-    if config.model.fsdp:
-        from trainer.fsdp import save_pretrained
-
-        save_pretrained(policy, args.output, dp)
-    else:
-        policy.save(args.output)
+    host = policy_host(config.model)
+    policy, dp = host.load(config.model, None, config.seed), host.dp
+    losses = fine_tune(policy, config, progress=dp.rank == 0, dp=dp)
+    host.save_pretrained(policy, args.output)
     if dp.rank == 0:
         print(json.dumps({"steps": len(losses), "first_loss": losses[0], "last_loss": losses[-1]}))
 

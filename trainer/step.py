@@ -22,18 +22,18 @@ import torch
 from sandbox_service.models import Mode
 from trainer.backends.base import GenerationBackend
 from trainer.chat import prompt_text
-from trainer.config import TrainConfig
-from trainer.grpo import ClipSettings, group_advantages
+from trainer.config import RocConfig, TrainConfig
+from trainer.grpo import group_advantages
 from trainer.modeling import Policy
 from trainer.parallel import SINGLE, DataParallel
+from trainer.placement import SchedulerSettings
 from trainer.problems import Problem
 from trainer.reward import reward
-from trainer.roc import RocSettings, resample_on_correct
+from trainer.roc import resample_on_correct
 from trainer.rollout import Rollout, RolloutSettings, ToolRunner, generate_rollouts
-from trainer.sandbox import TimedRunner
-from trainer.scheduler import SchedulerSettings
+from trainer.tool_runners import TimedRunner
 from trainer.tools import PromptStyle, user_prompt
-from trainer.update import Sample, UpdateSettings, grpo_update
+from trainer.update import Sample, grpo_update
 
 
 def prompt_ids(policy: Policy, problem: Problem, style: PromptStyle = "plain") -> list[int]:
@@ -135,44 +135,16 @@ def scheduler_settings(config: TrainConfig) -> SchedulerSettings | None:
     return SchedulerSettings(rollout.scheduler, rollout.chunk_tokens, rollout.locality_wait_s)
 
 
-def roc_settings(config: TrainConfig) -> RocSettings:
-    roc = config.roc
-    return RocSettings(
-        keep=config.rollout.group_size,
-        variant=roc.variant,
-        use_error_ratio=roc.use_error_ratio,
-        use_answer_format=roc.use_answer_format,
-        min_penalty=roc.min_penalty,
-        min_positives=roc.min_positives,
-        min_negatives=roc.min_negatives,
-        drop_equal_reward=roc.drop_equal_reward,
-    )
-
-
-def update_settings(config: TrainConfig) -> UpdateSettings:
-    return UpdateSettings(
-        clip=ClipSettings(config.loss.eps_low, config.loss.eps_high, config.loss.dual_clip_c),
-        aggregation=config.loss.aggregation,
-        kl_coef=config.loss.kl_coef,
-        entropy_coef=config.loss.entropy_coef,
-        grad_clip=config.optim.grad_clip,
-        micro_batch_tokens=config.optim.micro_batch_tokens,
-        mini_batches=config.optim.mini_batches,
-        epochs=config.optim.epochs,
-    )
-
-
 def select(
     groups: list[list[Scored]], config: TrainConfig, rng: random.Random
 ) -> tuple[list[list[Scored]], dict[str, float]]:
     """RoC (or, with it off, all rollouts; all-equal groups still dropped when asked)."""
-    settings = roc_settings(config)
-    if not config.roc.enabled:
-        settings = RocSettings(
-            keep=max(len(g) for g in groups), drop_equal_reward=settings.drop_equal_reward
-        )
+    settings, keep = config.roc, config.rollout.group_size
+    if not config.roc.enabled:  # keep all, drop only all-equal groups when asked
+        settings = RocConfig(drop_equal_reward=settings.drop_equal_reward)
+        keep = max(len(g) for g in groups)
     outcome = resample_on_correct(
-        [[s.rollout.roc_sample(s.reward) for s in g] for g in groups], settings, rng
+        [[s.rollout.roc_sample(s.reward) for s in g] for g in groups], settings, keep, rng
     )
     kept = [[group[i] for i in idx] for group, idx in zip(groups, outcome.kept, strict=True) if idx]
     return kept, outcome.metrics
@@ -199,49 +171,69 @@ def to_samples(kept: list[list[Scored]], sampled_logprobs: bool = False) -> list
     return samples
 
 
+@dataclass
+class StepContext:
+    """What the RL steps of a stage share: everything a step uses besides its problems.
+    ``rollout``: the stage's rollout settings; ``rng``: RoC's and the update's generator
+    (with several ranks, every rank holds the same state); ``reference``: the frozen policy of
+    the KL term (``loss.kl_coef`` > 0)."""
+
+    policy: Policy
+    optimizer: torch.optim.Optimizer
+    backend: GenerationBackend
+    runner: ToolRunner
+    config: TrainConfig
+    rollout: RolloutSettings
+    rng: random.Random
+    reference: Policy | None = None
+    dp: DataParallel = SINGLE
+
+
 async def rl_step(
-    problems: Sequence[Problem],
-    policy: Policy,
-    optimizer: torch.optim.Optimizer,
-    backend: GenerationBackend,
-    runner: ToolRunner,
-    config: TrainConfig,
-    rollout: RolloutSettings,
-    rng: random.Random,
-    reference: Policy | None = None,
-    dp: DataParallel = SINGLE,
+    problems: Sequence[Problem], ctx: StepContext
 ) -> tuple[dict[str, float], list[list[Scored]]]:
     """One step on ``problems``; the step's metrics and every scored rollout (for logging).
     With several ranks, every rank calls it with the same problems and ``rng`` state."""
+    config = ctx.config
     start = time.monotonic()
     per_problem = config.rollout.group_size * config.rollout.oversample
-    tools = TimedRunner(runner)
+    tools = TimedRunner(ctx.runner)
     groups = await sample_groups(
         problems,
         per_problem,
-        policy,
-        backend,
+        ctx.policy,
+        ctx.backend,
         tools,
-        rollout,
+        ctx.rollout,
         config.reward.require_answer_tag,
-        dp,
+        ctx.dp,
     )
-    backend.offload()
+    ctx.backend.offload()
     rolled = time.monotonic()
-    kept, metrics = select(groups, config, rng)
+    kept, metrics = select(groups, config, ctx.rng)
     metrics.update(rollout_metrics([s for g in groups for s in g]))
-    samples = to_samples(kept, sampled_logprobs=rollout.temperature == 1 and rollout.top_p == 1)
+    on_policy = ctx.rollout.temperature == 1 and ctx.rollout.top_p == 1
+    samples = to_samples(kept, sampled_logprobs=on_policy)
     metrics.update(advantage_metrics(samples))
     if samples:
         metrics.update(
-            grpo_update(policy, optimizer, samples, update_settings(config), rng, reference, dp)
+            grpo_update(
+                ctx.policy,
+                ctx.optimizer,
+                samples,
+                config.loss,
+                config.optim,
+                ctx.rng,
+                ctx.reference,
+                ctx.dp,
+            )
         )
     else:  # every group was all-right or all-wrong: nothing to learn from this step
         metrics.update(
             dict.fromkeys(("loss", "clip_frac", "approx_kl", "entropy", "grad_norm"), 0.0)
         )
     updated = time.monotonic()
-    backend.update_weights(policy.model, changed=bool(samples))
+    ctx.backend.update_weights(ctx.policy.model, changed=bool(samples))
     metrics["time_push_s"] = time.monotonic() - updated
     metrics["updated"] = float(bool(samples))
     metrics["reward_kept_mean"] = sum(s.reward for g in kept for s in g) / max(

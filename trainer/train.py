@@ -38,11 +38,18 @@ from trainer.evaluate import correct_counts, problems_of
 from trainer.modeling import Policy, load_policy
 from trainer.optim import build_optimizer, reset_optimizer_state
 from trainer.parallel import SINGLE, DataParallel
+from trainer.policy_host import policy_host
 from trainer.problems import Problem, ProblemSampler, hard_problems
 from trainer.rollout import RolloutSettings, ToolRunner
-from trainer.sandbox import open_runner
-from trainer.sft import load_conversations, run_sft
-from trainer.step import rl_step, rollout_settings
+from trainer.sft import (
+    check_conversations,
+    encode_conversation,
+    final_turn,
+    fine_tune,
+    whole_probability,
+)
+from trainer.step import StepContext, rl_step, rollout_settings
+from trainer.tool_runners import open_runner
 from trainer.tracking import MetricsLog
 
 
@@ -90,24 +97,21 @@ def frozen_copy(policy: Policy) -> Policy:
 
 
 def warm_start(policy: Policy, config: TrainConfig, output: Path, progress: bool) -> None:
-    conversations = load_conversations(config.sft, config.seed)
-    losses = run_sft(
-        policy,
-        conversations,
-        config.sft,
-        config.seed,
-        config.optim.micro_batch_tokens,
-        progress,
-        config.prompt.style,
-    )
+    losses = fine_tune(policy, config, progress)
+    check = check_conversations(config.sft, config.seed)
     policy.save(output / "sft")
     summary = {"steps": len(losses), "first_loss": losses[0], "last_loss": losses[-1]}
+    if check:
+        samples = [final_turn(encode_conversation(policy, m, config.prompt.style)) for m in check]
+        summary["check_probability"] = whole_probability(
+            policy, samples, config.optim.micro_batch_tokens
+        )
     (output / "sft" / "sft_summary.json").write_text(json.dumps(summary))
 
 
 def check_parallel(config: TrainConfig, dp: DataParallel) -> None:
     """Refuse what a sharded run cannot do (yet)."""
-    if config.sft.enabled:
+    if config.sft.enabled and config.model.fsdp:
         raise ValueError("sft.enabled with model.fsdp: run python -m trainer.sft first")
     if not dp.distributed:
         return
@@ -121,14 +125,9 @@ class Trainer:
     """The state of one run between steps; ``run`` drives it."""
 
     def __init__(self, config: TrainConfig, output: Path, resume: bool, progress: bool) -> None:
-        self.dp = SINGLE
-        if config.model.fsdp:
-            from trainer.fsdp import init_distributed
-
-            self.dp = init_distributed(
-                config.model.device if config.model.device != "auto" else None
-            )
-            check_parallel(config, self.dp)
+        self.host = policy_host(config.model)
+        self.dp = self.host.dp
+        check_parallel(config, self.dp)
         self.writer = self.dp.rank == 0
         self.config, self.output, self.progress = config, output, progress and self.writer
         output.mkdir(parents=True, exist_ok=True)
@@ -138,19 +137,11 @@ class Trainer:
         self.rng = random.Random(config.seed)
         checkpoint = latest_checkpoint(output) if resume else None
         model_path = checkpoint / "model" if checkpoint else None
-        load_optimizer = None
-        if config.model.fsdp:
-            from trainer import fsdp
-
-            self.policy = fsdp.load_sharded_policy(config.model, model_path, config.seed, self.dp)
-        else:
-            self.policy = load_policy(config.model, model_path, seed=config.seed)
+        self.policy = self.host.load(config.model, model_path, config.seed)
         self.optimizer, self.schedule = build_optimizer(self.policy.model, config.optim)
-        if config.model.fsdp:
-            model, optimizer = self.policy.model, self.optimizer
-            load_optimizer = lambda state: fsdp.load_full_optimizer_state(model, optimizer, state)  # noqa: E731
         self.state = TrainState()
         if checkpoint is not None:
+            load_optimizer = self.host.optimizer_loader(self.policy, self.optimizer)
             self.state = load_training_state(
                 checkpoint, self.optimizer, self.schedule, self.rng, load_optimizer
             )
@@ -161,12 +152,8 @@ class Trainer:
             self.reference.model.requires_grad_(False)
 
     def save(self) -> Path | None:
-        states: dict[str, Any] = {}
-        if self.config.model.fsdp:  # gathered by every rank, written by rank 0
-            from trainer import fsdp
-
-            states["model_state"] = fsdp.full_state_dict(self.policy.model)
-            states["optimizer_state"] = fsdp.full_optimizer_state(self.policy.model, self.optimizer)
+        # gathered by every rank (when sharded), written by rank 0
+        states = self.host.checkpoint_states(self.policy, self.optimizer)
         path = None
         if self.writer:
             path = save_checkpoint(
@@ -178,7 +165,7 @@ class Trainer:
                 self.rng,
                 self.config.checkpoint.keep,
                 **states,
-                reference=None if self.config.model.fsdp else self.reference,
+                reference=self.reference if self.host.keeps_reference else None,
             )
         if self.dp.distributed:
             torch.distributed.barrier()
@@ -192,12 +179,7 @@ class Trainer:
         from trainer.backends.vllm import VLLMBackend
 
         path = self.output / "rollout_model"
-        if config.model.fsdp:
-            from trainer.fsdp import save_pretrained
-
-            save_pretrained(self.policy, path, self.dp)
-        else:
-            self.policy.save(path)
+        self.host.save_pretrained(self.policy, path)
         return VLLMBackend(config.vllm, str(path), self.dp)
 
     async def run(self, runner: ToolRunner, max_steps: int | None) -> list[dict[str, Any]]:
@@ -261,22 +243,21 @@ class Trainer:
         )
         if state.sampler:
             sampler.load_state_dict(state.sampler)
-        settings = stage_rollout_settings(config, stage)
+        ctx = StepContext(
+            self.policy,
+            self.optimizer,
+            backend,
+            runner,
+            config,
+            stage_rollout_settings(config, stage),
+            self.rng,
+            self.reference,
+            self.dp,
+        )
         history: list[dict[str, Any]] = []
         while state.stage_step < stage.steps and (budget is None or len(history) < budget):
             batch = sampler.take(config.rollout.prompts_per_step)
-            metrics, groups = await rl_step(
-                batch,
-                self.policy,
-                self.optimizer,
-                backend,
-                runner,
-                config,
-                settings,
-                self.rng,
-                self.reference,
-                self.dp,
-            )
+            metrics, groups = await rl_step(batch, ctx)
             lr = self.schedule.get_last_lr()[0]
             if metrics["updated"]:  # warm-up counts optimizer updates, not skipped steps
                 self.schedule.step()

@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from trainer.config import LossConfig, OptimConfig
 from trainer.grpo import (
-    Aggregation,
-    ClipSettings,
     approx_kl,
     clipped_policy_loss,
     entropy_from_logits,
@@ -57,18 +56,6 @@ class Sample:
     # The generating engine's log-probability of each token, aligned with token_ids (0 where
     # the policy did not write it); None: not comparable (sampled at another temperature).
     sampled_logprobs: list[float] | None = None
-
-
-@dataclass(frozen=True)
-class UpdateSettings:
-    clip: ClipSettings = field(default_factory=ClipSettings)
-    aggregation: Aggregation = "token_mean"
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    grad_clip: float = 1.0
-    micro_batch_tokens: int = 16384
-    mini_batches: int = 1
-    epochs: int = 1
 
 
 @dataclass
@@ -232,16 +219,18 @@ def grpo_update(
     policy: Policy,
     optimizer: torch.optim.Optimizer,
     samples: Sequence[Sample],
-    settings: UpdateSettings,
+    loss: LossConfig,
+    optim: OptimConfig,
     rng: random.Random,
     reference: Policy | None = None,
     dp: DataParallel = SINGLE,
 ) -> dict[str, float]:
-    """Update ``policy`` on ``samples``; returns the update's metrics. With several ranks
-    (``dp``) every rank passes the same samples and the same ``rng`` state."""
+    """Update ``policy`` on ``samples`` as the ``loss`` and ``optim`` sections say; returns the
+    update's metrics. With several ranks (``dp``) every rank passes the same samples and the
+    same ``rng`` state."""
     ref = None
-    budget = settings.micro_batch_tokens
-    if settings.kl_coef > 0:
+    budget = optim.micro_batch_tokens
+    if loss.kl_coef > 0:
         if reference is None:
             raise ValueError("kl_coef > 0 needs a reference policy")
         ref = sequence_logprobs(reference, samples, budget, dp)
@@ -249,14 +238,14 @@ def grpo_update(
     before = _Before(sequence_logprobs(policy, samples, budget, dp), ref, kept)
     gap_sum, gap_tokens = _sampling_gap(samples, before.old)
     totals = _Totals()
-    for _ in range(settings.epochs):
+    for _ in range(optim.epochs):
         order = list(range(len(samples)))
         rng.shuffle(order)
-        for m in range(settings.mini_batches):
-            rows = order[m :: settings.mini_batches]
+        for m in range(optim.mini_batches):
+            rows = order[m :: optim.mini_batches]
             if rows:
-                _optimizer_step(policy, optimizer, samples, rows, before, settings, totals, dp)
-    n_tokens = float(kept.sum()) * settings.epochs
+                _optimizer_step(policy, optimizer, samples, rows, before, loss, optim, totals, dp)
+    n_tokens = float(kept.sum()) * optim.epochs
     steps = max(1.0, totals.sums.pop("optimizer_steps", 1.0))
     values = [totals.sums.get(k, 0.0) for k in SUMMED] + [gap_sum, gap_tokens]
     *summed, gap_sum, gap_tokens = dp.all_reduce_sum(values, policy.device)
@@ -293,29 +282,30 @@ def _optimizer_step(
     samples: Sequence[Sample],
     rows: list[int],
     before: _Before,
-    settings: UpdateSettings,
+    loss_config: LossConfig,
+    optim: OptimConfig,
     totals: _Totals,
     dp: DataParallel,
 ) -> None:
     # (N,) over the whole mini-batch, on every rank: the weights do not depend on the sharding.
-    scales = sequence_scales(before.kept[rows], settings.aggregation)
+    scales = sequence_scales(before.kept[rows], loss_config.aggregation)
     scale_of = dict(zip(rows, scales.tolist(), strict=True))
     optimizer.zero_grad(set_to_none=True)
     loss_total = 0.0
-    for batch in micro_batches(policy, samples, rows, settings.micro_batch_tokens, dp):
+    for batch in micro_batches(policy, samples, rows, optim.micro_batch_tokens, dp):
         old_lp = _pad_rows(before.old, batch)  # (B, T)
         scale = torch.tensor(
             [scale_of[i] for i in batch.rows] or [0.0], device=policy.device
         )  # (B,); an empty batch's one row weighs 0
         weights = batch.mask * scale.unsqueeze(-1)  # (B, T)
         logprobs, logits = forward(policy, batch)  # (B, T), (B, T, V)
-        pg = clipped_policy_loss(logprobs, old_lp, batch.advantages, settings.clip)
+        pg = clipped_policy_loss(logprobs, old_lp, batch.advantages, loss_config.clip)
         token_loss = pg.loss  # (B, T)
         if before.ref is not None:
             ref_lp = _pad_rows(before.ref, batch)  # (B, T)
-            token_loss = token_loss + settings.kl_coef * k3_kl(logprobs, ref_lp)
-        if settings.entropy_coef > 0:
-            token_loss = token_loss - settings.entropy_coef * entropy_from_logits(logits)
+            token_loss = token_loss + loss_config.kl_coef * k3_kl(logprobs, ref_lp)
+        if loss_config.entropy_coef > 0:
+            token_loss = token_loss - loss_config.entropy_coef * entropy_from_logits(logits)
         loss = (token_loss * weights).sum()
         loss.backward()
         loss_total += loss.item()
@@ -325,7 +315,7 @@ def _optimizer_step(
             totals.add("approx_kl", (approx_kl(logprobs, old_lp) * mask).sum())
             totals.add("entropy", (entropy_from_logits(logits.detach()) * mask).sum())
             totals.add("ratio_mean", (pg.ratio * mask).sum())
-    grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), settings.grad_clip)
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), optim.grad_clip)
     if hasattr(grad_norm, "full_tensor"):  # sharded parameters: a DTensor, the same on all ranks
         grad_norm = grad_norm.full_tensor()
     optimizer.step()

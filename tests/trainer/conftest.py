@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from trainer.tiny import build_tokenizer
-from trainer.toy import tokenizer_corpus
+from trainer.tiny_model import build_tokenizer
+from trainer.toy_task import tokenizer_corpus
 
 
 @pytest.fixture(scope="session")

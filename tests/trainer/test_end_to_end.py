@@ -22,11 +22,11 @@ from trainer.config import TinyModelConfig, load_config
 from trainer.modeling import Policy, load_policy
 from trainer.optim import build_optimizer
 from trainer.rollout import RolloutSettings
-from trainer.sandbox import SandboxRunner
-from trainer.step import rl_step
-from trainer.tiny import build_model
+from trainer.step import StepContext, rl_step
+from trainer.tiny_model import build_model
+from trainer.tool_runners import SandboxRunner
 from trainer.tools import format_tool_call
-from trainer.toy import toy_problems
+from trainer.toy_task import toy_problems
 
 CONFIG = load_config(
     None,
@@ -88,7 +88,10 @@ def test_scripted_policy_through_the_service_roc_updates_and_resume(
         async with runner:
             for batch in batches:
                 out.append(
-                    await rl_step(batch, policy, optimizer, backend, runner, CONFIG, SETTINGS, rng)
+                    await rl_step(
+                        batch,
+                        StepContext(policy, optimizer, backend, runner, CONFIG, SETTINGS, rng),
+                    )
                 )
                 schedule.step()
         return out

@@ -21,11 +21,11 @@ import torch
 import torch.multiprocessing as mp
 import yaml
 
-from trainer.config import ModelConfig, TinyModelConfig
+from trainer.config import LossConfig, ModelConfig, OptimConfig, TinyModelConfig
 from trainer.modeling import Policy
-from trainer.tiny import build_model, build_tokenizer
-from trainer.toy import tokenizer_corpus
-from trainer.update import Sample, UpdateSettings, grpo_update
+from trainer.tiny_model import build_model, build_tokenizer
+from trainer.toy_task import tokenizer_corpus
+from trainer.update import Sample, grpo_update
 from trainer.weights import buckets, full_parameters
 
 SHAPE = TinyModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4)
@@ -60,9 +60,9 @@ def one_update(policy: Policy, checkpointing: bool = False) -> dict[str, Any]:
     before = {name: t.clone() for name, t in full_parameters(policy.model)}
     # Momentum: state to checkpoint; its first step is plain SGD's, so gradients still show.
     optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.5, momentum=0.9)
-    settings = UpdateSettings(micro_batch_tokens=40, grad_clip=0.05, mini_batches=2)
+    loss, optim = LossConfig(), OptimConfig(micro_batch_tokens=40, grad_clip=0.05, mini_batches=2)
     samples = make_samples(len(policy.tokenizer))
-    metrics = grpo_update(policy, optimizer, samples, settings, random.Random(0), dp=dp)
+    metrics = grpo_update(policy, optimizer, samples, loss, optim, random.Random(0), dp=dp)
     after = dict(full_parameters(policy.model))
     result = {"before": before, "after": after, "metrics": metrics}
     if dp.distributed:

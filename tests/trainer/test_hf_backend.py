@@ -12,7 +12,7 @@ from trainer.backends.base import GenerationRequest, SamplingParams
 from trainer.backends.hf import HFBackend
 from trainer.config import TinyModelConfig
 from trainer.grpo import token_logprobs
-from trainer.tiny import build_model
+from trainer.tiny_model import build_model
 
 STOP = "</tool_call>"
 

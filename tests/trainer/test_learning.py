@@ -24,9 +24,9 @@ from trainer.modeling import Policy
 from trainer.optim import build_optimizer
 from trainer.problems import Problem
 from trainer.rollout import RolloutSettings
-from trainer.sandbox import SubprocessRunner
-from trainer.step import rl_step
-from trainer.tiny import build_model
+from trainer.step import StepContext, rl_step
+from trainer.tiny_model import build_model
+from trainer.tool_runners import SubprocessRunner
 
 DIGITS = list("1357")
 WORDS = ["<|endoftext|>", "<|im_end|>", "say", *DIGITS, *(f"\\boxed{{{d}}}" for d in DIGITS)]
@@ -70,7 +70,7 @@ def test_mean_reward_rises_over_grpo_steps(monkeypatch: pytest.MonkeyPatch) -> N
         out = []
         for _ in range(steps):
             metrics, _ = await rl_step(
-                PROMPTS, policy, optimizer, backend, runner, config, settings, rng
+                PROMPTS, StepContext(policy, optimizer, backend, runner, config, settings, rng)
             )
             out.append(metrics["reward_mean"])
         return out

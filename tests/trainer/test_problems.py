@@ -1,4 +1,4 @@
-"""problems.py and toy.py: loading, the seeded sampler, the stage-3 filter, the shipped set."""
+"""problems.py and toy_task.py: loading, the seeded sampler, the stage-3 filter, the shipped set."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainer.problems import Problem, ProblemSampler, hard_problems, load_problems, write_problems
-from trainer.toy import SHIPPED, SHIPPED_COUNT, SHIPPED_SEED, toy_problems
+from trainer.toy_task import SHIPPED, SHIPPED_COUNT, SHIPPED_SEED, toy_problems
 
 
 def test_jsonl_and_json_round_trip(tmp_path: Path) -> None:

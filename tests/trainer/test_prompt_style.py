@@ -26,8 +26,8 @@ from trainer.config import load_config
 from trainer.modeling import Policy
 from trainer.problems import Problem
 from trainer.rollout import RolloutSettings
-from trainer.sandbox import SubprocessRunner
 from trainer.step import Scored, sample_and_score
+from trainer.tool_runners import SubprocessRunner
 from trainer.tools import (
     RELEASE_TOOL_SCHEMA,
     TOOL_NAME,
@@ -36,7 +36,7 @@ from trainer.tools import (
     system_prompt,
     user_prompt,
 )
-from trainer.toy import scripted_solver, toy_problems, toy_transcript
+from trainer.toy_task import scripted_solver, toy_problems, toy_transcript
 
 from .test_sft import tiny_policy
 

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
+from trainer.config import RocConfig
 from trainer.roc import (
     RocSample,
-    RocSettings,
     class_counts,
     p_err,
     p_format,
@@ -43,9 +43,9 @@ def test_p_format() -> None:
 
 def test_penalty_terms_can_be_switched_off() -> None:
     s = sample(1, calls=2, errors=1, answers=2, turns=4)  # p_err 0.5, p_format 0.25
-    assert penalty(s, RocSettings(keep=1)) == 0.75
-    assert penalty(s, RocSettings(keep=1, use_error_ratio=False)) == 0.25
-    assert penalty(s, RocSettings(keep=1, use_answer_format=False)) == 0.5
+    assert penalty(s, RocConfig()) == 0.75
+    assert penalty(s, RocConfig(use_error_ratio=False)) == 0.25
+    assert penalty(s, RocConfig(use_answer_format=False)) == 0.5
 
 
 @pytest.mark.parametrize(
@@ -67,7 +67,7 @@ def test_class_counts_keep_proportions(
 
 def test_group_of_2g_becomes_g_with_the_same_success_rate() -> None:
     group = [sample(1.0) for _ in range(12)] + [sample(0.0) for _ in range(20)]
-    kept = select_group(group, RocSettings(keep=16), random.Random(0))
+    kept = select_group(group, RocConfig(), 16, random.Random(0))
     assert kept is not None and len(kept) == len(set(kept)) == 16
     assert sum(group[i].reward > 0 for i in kept) == 6
 
@@ -75,17 +75,17 @@ def test_group_of_2g_becomes_g_with_the_same_success_rate() -> None:
 @pytest.mark.parametrize("reward", [0.0, 1.0])
 def test_all_equal_groups_are_dropped(reward: float) -> None:
     group = [sample(reward) for _ in range(8)]
-    assert select_group(group, RocSettings(keep=4), random.Random(0)) is None
-    kept = select_group(group, RocSettings(keep=4, drop_equal_reward=False), random.Random(0))
+    assert select_group(group, RocConfig(), 4, random.Random(0)) is None
+    kept = select_group(group, RocConfig(drop_equal_reward=False), 4, random.Random(0))
     assert kept is not None and len(kept) == 4
 
 
 def test_selection_is_seeded() -> None:
     group = [sample(float(i % 3 == 0), errors=i % 2) for i in range(32)]
-    runs = [select_group(group, RocSettings(keep=16), random.Random(7)) for _ in range(2)]
+    runs = [select_group(group, RocConfig(), 16, random.Random(7)) for _ in range(2)]
     assert runs[0] == runs[1]
     others = {
-        tuple(select_group(group, RocSettings(keep=16), random.Random(s)) or ()) for s in range(10)
+        tuple(select_group(group, RocConfig(), 16, random.Random(s)) or ()) for s in range(10)
     }
     assert len(others) > 1
 
@@ -113,7 +113,7 @@ def test_positives_are_kept_with_frequencies_of_inverse_penalty_weights() -> Non
         sample(1.0, calls=2, errors=1, answers=0),  # 0.5 + 1
         sample(1.0, calls=1, errors=1, answers=0),  # 1 + 1
     ]
-    settings = RocSettings(keep=6)
+    settings, keep = RocConfig(), 6
     assert [penalty(s, settings) for s in positives] == [0.5, 0.75, 1.0, 1.5, 2.0]
     group = positives + [sample(0.0) for _ in range(5)]
     expected = successive_inclusion([1 / penalty(s, settings) for s in positives], 3)
@@ -122,7 +122,7 @@ def test_positives_are_kept_with_frequencies_of_inverse_penalty_weights() -> Non
     rng = random.Random(1234)
     counts = [0] * len(group)
     for _ in range(draws):
-        kept = select_group(group, settings, rng)
+        kept = select_group(group, settings, keep, rng)
         assert kept is not None
         for i in kept:
             counts[i] += 1
@@ -139,7 +139,7 @@ def test_zero_penalty_rollouts_dominate_through_the_floor() -> None:
     messy = sample(1.0, calls=2, errors=2, answers=0)  # p_total 2
     group = [clean, messy, sample(0.0), sample(0.0)]
     rng = random.Random(0)
-    picks = [select_group(group, RocSettings(keep=2), rng) for _ in range(2000)]
+    picks = [select_group(group, RocConfig(), 2, rng) for _ in range(2000)]
     assert sum(0 in (k or []) for k in picks) > 1990
 
 
@@ -147,12 +147,12 @@ def test_release_variant_takes_clean_positives_and_negatives_in_generation_order
     pens = [sample(1.0, calls=4, errors=e) for e in (3, 0, 2, 1)]  # p_err 0.75, 0, 0.5, 0.25
     negs = [sample(0.0, calls=4, errors=e) for e in (4, 0, 1, 2)]  # p_err 1, 0, 0.25, 0.5
     group = pens + negs
-    settings = RocSettings(keep=4, variant="release", min_positives=1, min_negatives=1)
-    kept = select_group(group, settings, random.Random(0))
+    settings, keep = RocConfig(variant="release", min_positives=1, min_negatives=1), 4
+    kept = select_group(group, settings, keep, random.Random(0))
     # Positives with p_err 0 and 0.25; the first two negatives, not the two cleanest (5, 6):
     # rStar commit 5e95b19 removed the sort of the negatives.
     assert kept == [1, 3, 4, 5]
-    assert select_group(group, settings, random.Random(99)) == kept
+    assert select_group(group, settings, keep, random.Random(99)) == kept
 
 
 def release_choices(
@@ -181,7 +181,7 @@ def release_choices(
 
 def test_release_variant_matches_the_release_code_on_random_groups() -> None:
     rng = random.Random(5)
-    settings = RocSettings(keep=16, variant="release", drop_equal_reward=False)
+    settings, keep = RocConfig(variant="release", drop_equal_reward=False), 16
     for _ in range(2000):
         group = [
             sample(
@@ -202,14 +202,14 @@ def test_release_variant_matches_the_release_code_on_random_groups() -> None:
         expected = release_choices(
             [s.reward for s in group], [penalty(s, settings) for s in group], 16, 2, 2
         )
-        kept = select_group(group, settings, random.Random(0))
+        kept = select_group(group, settings, keep, random.Random(0))
         assert kept == (expected if expected is not None else list(range(32)))
 
 
 def test_release_variant_minimum_counts() -> None:
     group = [sample(1.0)] * 2 + [sample(0.0)] * 30
-    settings = RocSettings(keep=16, variant="release", min_positives=2, min_negatives=2)
-    kept = select_group(group, settings, random.Random(0))
+    settings, keep = RocConfig(variant="release", min_positives=2, min_negatives=2), 16
+    kept = select_group(group, settings, keep, random.Random(0))
     assert kept is not None and len(kept) == 16
     assert sum(group[i].reward > 0 for i in kept) == 2  # round(1.0) = 1 raised to the minimum
 
@@ -217,7 +217,7 @@ def test_release_variant_minimum_counts() -> None:
 def test_resample_on_correct_reports_what_it_did() -> None:
     mixed = [sample(1.0, errors=2)] * 4 + [sample(1.0)] * 4 + [sample(0.0)] * 8
     solved = [sample(1.0)] * 16
-    outcome = resample_on_correct([mixed, solved], RocSettings(keep=8), random.Random(0))
+    outcome = resample_on_correct([mixed, solved], RocConfig(), 8, random.Random(0))
     assert outcome.kept[1] is None
     assert outcome.metrics["roc_kept"] == 8
     assert outcome.metrics["roc_groups_dropped"] == 1

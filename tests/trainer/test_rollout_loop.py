@@ -13,9 +13,9 @@ from trainer.chat import EOS, prompt_text, tool_turn_text
 from trainer.reward import reward
 from trainer.roc import p_err, p_format
 from trainer.rollout import Rollout, RolloutSettings, generate_rollouts
-from trainer.sandbox import SubprocessRunner
+from trainer.tool_runners import SubprocessRunner
 from trainer.tools import format_tool_call, user_prompt
-from trainer.toy import scripted_solver, toy_problems
+from trainer.toy_task import scripted_solver, toy_problems
 
 SETTINGS = RolloutSettings(max_turns=4, max_response_tokens=400)
 

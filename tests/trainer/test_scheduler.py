@@ -1,4 +1,5 @@
-"""scheduler.py: turn placement by KV capacity and prefix affinity, the tool-call window, and
+"""placement.py, tool_dispatch.py, scheduler.py: turn placement by KV capacity and prefix
+affinity, the tool-call window, and
 the asynchronous loop end to end with the transformers backend and the real service.
 
 The unit tests run on simulated time (``trainer.sim.clock``): they take no wall-clock time, and
@@ -29,24 +30,24 @@ from trainer.backends.hf import HFBackend
 from trainer.backends.scripted import ScriptedBackend
 from trainer.chat import EOS, IM_START, decode, prompt_text
 from trainer.config import TinyModelConfig, load_config
-from trainer.reward import reward
-from trainer.rollout import Rollout, RolloutSettings, generate_rollouts
-from trainer.sandbox import SandboxRunner, SubprocessRunner
-from trainer.scheduler import (
+from trainer.placement import (
     EngineLoad,
     KvCapacity,
     RolloutScheduler,
     SchedulerSettings,
-    ToolDispatcher,
     choose_engine,
-    run_in_rounds,
     static_engine,
 )
+from trainer.reward import reward
+from trainer.rollout import Rollout, RolloutSettings, generate_rollouts
+from trainer.scheduler import run_in_rounds
 from trainer.sim import clock
 from trainer.step import rollout_settings, scheduler_settings
-from trainer.tiny import build_model
+from trainer.tiny_model import build_model
+from trainer.tool_dispatch import ToolDispatcher
+from trainer.tool_runners import SandboxRunner, SubprocessRunner
 from trainer.tools import format_tool_call, user_prompt
-from trainer.toy import scripted_solver, toy_problems
+from trainer.toy_task import scripted_solver, toy_problems
 
 PARAMS = SamplingParams()
 BALANCED = SchedulerSettings("balanced", chunk_tokens=None, locality_wait_s=1.0)
@@ -454,7 +455,7 @@ def test_a_failed_batch_fails_only_its_own_calls() -> None:
 
 
 def scripted_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> PreTrainedModel:
-    """A tiny Qwen2 from ``trainer.tiny`` whose logits are pushed, row by row, toward the toy
+    """A tiny Qwen2 from ``trainer.tiny_model`` whose logits are pushed, row by row, toward the toy
     task done right (call the tool on the problem's expression; then box the number the tool
     printed), so that generation through ``HFBackend`` really calls the tool."""
     torch.manual_seed(seed)

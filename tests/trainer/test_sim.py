@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-import trainer.scheduler
+import trainer.placement
 from sandbox_service.service_process import ServiceProcess
 from trainer.backends.base import GenerationRequest, SamplingParams
 from trainer.sim import clock, compare
@@ -95,13 +95,13 @@ def test_the_comparison_is_deterministic_and_uses_the_real_scheduler(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     placed = collections.Counter[str]()
-    real_choose = trainer.scheduler.choose_engine
+    real_choose = trainer.placement.choose_engine
 
     def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
         placed["choose_engine"] += 1
         return real_choose(*args, **kwargs)
 
-    monkeypatch.setattr(trainer.scheduler, "choose_engine", counting)
+    monkeypatch.setattr(trainer.placement, "choose_engine", counting)
     first = compare.compare(SMALL, seed=1)
     assert compare.compare(SMALL, seed=1) == first
     assert placed["choose_engine"] > 2 * SMALL.workload.rollouts

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from trainer.backends.scripted import Script, ScriptedBackend
 from trainer.config import TrainConfig, load_config
 from trainer.modeling import Policy
-from trainer.sandbox import SubprocessRunner
-from trainer.toy import scripted_solver
+from trainer.tool_runners import SubprocessRunner
+from trainer.toy_task import scripted_solver
 from trainer.train import Trainer
 
 CONFIG = Path(__file__).resolve().parents[2] / "trainer" / "configs" / "tiny_cpu.yaml"

@@ -1,4 +1,4 @@
-"""tiny.py: the tokenizer built in code and the tiny model built from a config."""
+"""tiny_model.py: the tokenizer built in code and the tiny model built from a config."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from trainer.config import TinyModelConfig
-from trainer.tiny import PROTOCOL_TOKENS, SPECIAL_TOKENS, build_model
-from trainer.toy import tokenizer_corpus
+from trainer.tiny_model import PROTOCOL_TOKENS, SPECIAL_TOKENS, build_model
+from trainer.toy_task import tokenizer_corpus
 
 
 def test_text_round_trips_and_markers_are_single_tokens(tokenizer: PreTrainedTokenizerFast) -> None:

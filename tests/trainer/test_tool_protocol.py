@@ -168,7 +168,7 @@ def test_conversation_segments_mask_everything_but_the_assistant() -> None:
 
 
 def test_chat_template_renders_what_the_segments_render() -> None:
-    from trainer.tiny import build_tokenizer
+    from trainer.tiny_model import build_tokenizer
 
     messages = [
         {"role": "system", "content": "S"},

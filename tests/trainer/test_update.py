@@ -8,13 +8,11 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from trainer.config import TinyModelConfig
-from trainer.grpo import ClipSettings
+from trainer.config import LossConfig, OptimConfig, TinyModelConfig
 from trainer.modeling import Policy, enable_activation_checkpointing
-from trainer.tiny import build_model
+from trainer.tiny_model import build_model
 from trainer.update import (
     Sample,
-    UpdateSettings,
     grpo_update,
     pack_micro_batches,
     sequence_logprobs,
@@ -57,8 +55,10 @@ def test_packing_does_not_change_the_update(tokenizer: PreTrainedTokenizerFast) 
     for budget in (10_000, 25):  # one micro-batch, or one or two sequences each
         policy = policy_of(tokenizer)
         optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.1)
-        settings = UpdateSettings(micro_batch_tokens=budget, grad_clip=1e9)
-        metrics = grpo_update(policy, optimizer, samples_of(tokenizer), settings, random.Random(0))
+        loss, optim = LossConfig(), OptimConfig(micro_batch_tokens=budget, grad_clip=1e9)
+        metrics = grpo_update(
+            policy, optimizer, samples_of(tokenizer), loss, optim, random.Random(0)
+        )
         results.append((params(policy), metrics))
     (p_one, m_one), (p_many, m_many) = results
     assert torch.allclose(p_one, p_many, atol=1e-6)
@@ -73,7 +73,7 @@ def test_fully_masked_samples_do_not_move_the_weights(tokenizer: PreTrainedToken
     masked = [
         Sample(s.token_ids, [0] * len(s.token_ids), s.advantage) for s in samples_of(tokenizer)
     ]
-    metrics = grpo_update(policy, optimizer, masked, UpdateSettings(), random.Random(0))
+    metrics = grpo_update(policy, optimizer, masked, LossConfig(), OptimConfig(), random.Random(0))
     assert torch.equal(params(policy), before)
     assert metrics["trained_tokens"] == 0.0 and metrics["grad_norm"] == 0.0
 
@@ -92,7 +92,9 @@ def test_update_moves_likelihood_with_the_advantage(tokenizer: PreTrainedTokeniz
 
     before = masked_sums()
     for _ in range(3):
-        metrics = grpo_update(policy, optimizer, samples, UpdateSettings(), random.Random(0))
+        metrics = grpo_update(
+            policy, optimizer, samples, LossConfig(), OptimConfig(), random.Random(0)
+        )
     after = masked_sums()
     for s, b, a in zip(samples, before, after, strict=True):
         assert (a > b) == (s.advantage > 0)
@@ -102,8 +104,8 @@ def test_update_moves_likelihood_with_the_advantage(tokenizer: PreTrainedTokeniz
 def test_several_mini_batches_clip_and_report_it(tokenizer: PreTrainedTokenizerFast) -> None:
     policy = policy_of(tokenizer)
     optimizer = torch.optim.SGD(policy.model.parameters(), lr=20.0)  # large steps: ratios move
-    settings = UpdateSettings(clip=ClipSettings(0.2, 0.28), mini_batches=3, epochs=2)
-    metrics = grpo_update(policy, optimizer, samples_of(tokenizer), settings, random.Random(0))
+    loss, optim = LossConfig(eps_low=0.2, eps_high=0.28), OptimConfig(mini_batches=3, epochs=2)
+    metrics = grpo_update(policy, optimizer, samples_of(tokenizer), loss, optim, random.Random(0))
     assert metrics["clip_frac"] > 0.0
     assert metrics["approx_kl"] > 0.0
 
@@ -111,18 +113,12 @@ def test_several_mini_batches_clip_and_report_it(tokenizer: PreTrainedTokenizerF
 def test_kl_needs_a_reference(tokenizer: PreTrainedTokenizerFast) -> None:
     policy = policy_of(tokenizer)
     optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.1)
+    samples, loss = samples_of(tokenizer), LossConfig(kl_coef=0.1)
     with pytest.raises(ValueError, match="reference"):
-        grpo_update(
-            policy, optimizer, samples_of(tokenizer), UpdateSettings(kl_coef=0.1), random.Random(0)
-        )
+        grpo_update(policy, optimizer, samples, loss, OptimConfig(), random.Random(0))
     reference = policy_of(tokenizer, seed=1)
     metrics = grpo_update(
-        policy,
-        optimizer,
-        samples_of(tokenizer),
-        UpdateSettings(kl_coef=0.1),
-        random.Random(0),
-        reference,
+        policy, optimizer, samples, loss, OptimConfig(), random.Random(0), reference
     )
     assert metrics["loss"] == metrics["loss"]  # finite, not NaN
 
@@ -134,7 +130,9 @@ def test_activation_checkpointing_gives_the_same_update(tokenizer: PreTrainedTok
         if checkpointing:
             enable_activation_checkpointing(policy.model)
         optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.1)
-        grpo_update(policy, optimizer, samples_of(tokenizer), UpdateSettings(), random.Random(0))
+        grpo_update(
+            policy, optimizer, samples_of(tokenizer), LossConfig(), OptimConfig(), random.Random(0)
+        )
         results.append(params(policy))
     assert torch.allclose(results[0], results[1], atol=1e-6)
 
@@ -158,7 +156,9 @@ def test_the_engines_logprob_gap_is_measured_on_trained_tokens(
     def gap(samples: list[Sample]) -> float | None:
         fresh = policy_of(tokenizer)
         optimizer = torch.optim.SGD(fresh.model.parameters(), lr=0.0)
-        metrics = grpo_update(fresh, optimizer, samples, UpdateSettings(), random.Random(0))
+        metrics = grpo_update(
+            fresh, optimizer, samples, LossConfig(), OptimConfig(), random.Random(0)
+        )
         return metrics.get("rollout_logprob_gap")
 
     assert gap(with_engine(0.0)) == pytest.approx(0.0, abs=1e-6)

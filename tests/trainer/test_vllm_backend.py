@@ -29,9 +29,9 @@ from trainer.backends.base import GenerationRequest, SamplingParams
 from trainer.chat import EOS, decode
 from trainer.config import TinyModelConfig, VllmConfig
 from trainer.parallel import SINGLE
+from trainer.placement import KvCapacity, RolloutScheduler, SchedulerSettings
 from trainer.rollout import RolloutSettings, generate_rollouts
-from trainer.scheduler import KvCapacity, RolloutScheduler, SchedulerSettings
-from trainer.tiny import build_model
+from trainer.tiny_model import build_model
 from trainer.tools import CALL_CLOSE, format_tool_call
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None

@@ -27,13 +27,13 @@ from trainer.backends.base import GenerationRequest, SamplingParams
 from trainer.chat import EOS, decode
 from trainer.config import SftConfig, TinyModelConfig, VllmConfig
 from trainer.modeling import Policy
+from trainer.placement import SchedulerSettings
 from trainer.rollout import RolloutSettings, generate_rollouts
-from trainer.scheduler import SchedulerSettings
 from trainer.sft import run_sft
 from trainer.step import prompt_ids
-from trainer.tiny import build_model, build_tokenizer
+from trainer.tiny_model import build_model, build_tokenizer
 from trainer.tools import CALL_CLOSE, CALL_OPEN
-from trainer.toy import tokenizer_corpus, toy_conversations, toy_problems
+from trainer.toy_task import tokenizer_corpus, toy_conversations, toy_problems
 from trainer.update import policy_logprobs
 
 
@@ -90,7 +90,7 @@ def backend(policy: Policy, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 @pytest.fixture(scope="module")
 def sandbox_url() -> Iterator[str]:
-    from trainer.sandbox import start_embedded_service
+    from trainer.tool_runners import start_embedded_service
 
     with start_embedded_service(slots=2) as url:
         yield url
@@ -108,7 +108,7 @@ def generate(backend: object, requests: list[GenerationRequest], params: Samplin
 def test_rollouts_call_the_tool_in_the_sandbox_then_answer(
     policy: Policy, backend: object, sandbox_url: str, chunks: int | None
 ) -> None:
-    from trainer.sandbox import SandboxRunner
+    from trainer.tool_runners import SandboxRunner
 
     scheduling = None if chunks is None else SchedulerSettings(chunk_tokens=chunks)
     settings = RolloutSettings(

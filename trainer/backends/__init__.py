@@ -1,2 +1,4 @@
-"""Generation backends: token ids in, token ids and logprobs out (``base``); ``hf`` runs
-transformers' ``generate`` on CPU or one GPU; a vLLM engine is the next backend."""
+"""Generation backends: token ids in, token ids and logprobs out (``base``, the interface);
+``hf`` runs transformers' ``generate`` on the CPU or one GPU, ``vllm`` drives vLLM engines
+(colocated or separate; ``vllm_inline`` moves weights to a CPU engine), ``scripted`` plays a
+scripted policy for tests."""

@@ -7,7 +7,7 @@ end-of-sequence token. The interface is async because a serving engine (vLLM) ge
 many requests while the caller waits on others; ``update_weights`` is where such an engine
 receives the policy after each optimizer step, and ``offload`` where it makes room for the
 update on a GPU it shares with the trainer. An engine with a KV cache can also report its
-free capacity to the rollout scheduler (``trainer.scheduler.ReportsKvCapacity``).
+free capacity to the rollout scheduler (``trainer.placement.ReportsKvCapacity``).
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ from trainer.backends.base import (
 )
 from trainer.config import VllmConfig
 from trainer.parallel import SINGLE, DataParallel
-from trainer.scheduler import KvCapacity
+from trainer.placement import KvCapacity
 from trainer.weights import Named, buckets, full_parameters, parameter_specs
 
 T = TypeVar("T")
@@ -432,7 +432,7 @@ class VLLMBackend(GenerationBackend):
         return int(getattr(self._cache_config(), "block_size", None) or DEFAULT_BLOCK_SIZE)
 
     def kv_capacity(self) -> KvCapacity:
-        """The engine's KV cache, for balanced placement (``trainer.scheduler``).
+        """The engine's KV cache, for balanced placement (``trainer.placement``).
 
         vLLM's front end learns ``num_gpu_blocks`` (summed over data-parallel replicas) and
         ``block_size`` from its engine cores when they start, in ``vllm_config.cache_config``;

@@ -53,12 +53,12 @@ from trainer.config import ModelConfig, SftConfig, TinyModelConfig, VllmConfig, 
 from trainer.fsdp import init_distributed, shard_policy
 from trainer.modeling import Policy, prepare_policy
 from trainer.optim import build_optimizer
-from trainer.sandbox import SandboxRunner, start_embedded_service
 from trainer.sft import TOY_SEED_OFFSET, load_conversations, run_sft
-from trainer.step import prompt_ids, rl_step, rollout_settings
-from trainer.tiny import build_model, build_tokenizer
+from trainer.step import StepContext, prompt_ids, rl_step, rollout_settings
+from trainer.tiny_model import build_model, build_tokenizer
+from trainer.tool_runners import SandboxRunner, start_embedded_service
 from trainer.tools import CALL_CLOSE
-from trainer.toy import tokenizer_corpus, toy_problems
+from trainer.toy_task import tokenizer_corpus, toy_problems
 from trainer.update import policy_logprobs
 
 SHAPE = TinyModelConfig(
@@ -154,9 +154,10 @@ async def smoke(args: argparse.Namespace, times: dict[str, float]) -> dict[str, 
         async with SandboxRunner(url) as runner:
             settings = rollout_settings(config, 4, 256)
             for _attempt in range(5):  # a step whose groups all tie updates nothing: retry
-                metrics, groups = await rl_step(
-                    problems, policy, optimizer, backend, runner, config, settings, random.Random(0)
+                ctx = StepContext(
+                    policy, optimizer, backend, runner, config, settings, random.Random(0)
                 )
+                metrics, groups = await rl_step(problems, ctx)
                 if metrics["updated"]:
                     break
     rollouts = [s.rollout for g in groups for s in g]

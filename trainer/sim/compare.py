@@ -31,14 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from trainer.backends.base import SamplingParams
-from trainer.scheduler import (
-    Assignment,
-    RolloutScheduler,
-    SchedulerSettings,
-    ToolDispatcher,
-    run_async,
-    run_in_rounds,
-)
+from trainer.placement import Assignment, RolloutScheduler, SchedulerSettings
+from trainer.scheduler import run_async, run_in_rounds
 from trainer.sim import clock
 from trainer.sim.engine import EngineModel, SimEngine
 from trainer.sim.workload import (
@@ -50,6 +44,7 @@ from trainer.sim.workload import (
     measured_latencies,
     plans,
 )
+from trainer.tool_dispatch import ToolDispatcher
 
 POLICIES = ("static+sync", "static+async", "balanced+async")
 

@@ -1,7 +1,7 @@
 """A simulated serving engine: continuous batching over a paged KV cache, on simulated time.
 
 It is a :class:`GenerationBackend` that also reports its KV cache
-(:class:`~trainer.scheduler.ReportsKvCapacity`), so the real scheduler drives it as it would
+(:class:`~trainer.placement.ReportsKvCapacity`), so the real scheduler drives it as it would
 drive vLLM. What it models, after vLLM's scheduler:
 
 - **Admission.** A waiting request starts when its context (plus one token) fits in the blocks
@@ -37,7 +37,7 @@ from trainer.backends.base import (
     GenerationRequest,
     SamplingParams,
 )
-from trainer.scheduler import KvCapacity
+from trainer.placement import KvCapacity
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ the time and is nearly always wrong when it does not: RL has to discover that th
 the behaviour the rStar2-Agent recipe is about, and the reward rises as it does.
 
 Everything is generated from a seed; ``trainer/data/toy_arith.jsonl`` is this module's output
-(``python -m trainer.toy``).
+(``python -m trainer.toy_task``).
 """
 
 from __future__ import annotations
