@@ -18,6 +18,8 @@ from __future__ import annotations
 import ctypes
 import os
 
+from sandbox_service.executor import isolation as iso
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
@@ -88,8 +90,7 @@ def cover_dev_mqueue() -> None:
 
 
 def _sysv_ids(kind: str) -> list[int]:
-    with open(f"/proc/sysvipc/{kind}") as f:
-        lines = f.read().splitlines()[1:]
+    lines = iso.read_small(f"/proc/sysvipc/{kind}").splitlines()[1:]
     return [int(line.split()[1]) for line in lines if line.strip()]
 
 

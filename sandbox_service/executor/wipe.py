@@ -118,10 +118,12 @@ def empty_directory(path: str, keep: frozenset[str] = frozenset()) -> None:
         os.close(parent)
     try:
         flat = _Flattener(top)
+        touched = False  # nothing to remove: nothing can have come back (no process is left)
         for entry in os.scandir(top):
             name = os.fsencode(entry.name)
             if name in keep_b:
                 continue
+            touched = True
             try:
                 if entry.is_dir(follow_symlinks=False):
                     flat.lift(top, name)
@@ -135,7 +137,7 @@ def empty_directory(path: str, keep: frozenset[str] = frozenset()) -> None:
                 flat.empty_one(name)
             except OSError as exc:
                 errors.append(f"{name!r}: {exc}")
-        left = [n for n in os.listdir(top) if os.fsencode(n) not in keep_b]
+        left = [n for n in os.listdir(top) if os.fsencode(n) not in keep_b] if touched else []
     finally:
         os.close(top)
     if left:

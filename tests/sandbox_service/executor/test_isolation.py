@@ -207,3 +207,21 @@ def test_a_slot_uid_that_cannot_reach_its_files_is_not_used_silently(tmp_path: P
         service.stop()
     with pytest.raises(LaunchError, match=r"uid: PermissionError: slot uid \d+ cannot read"):
         start(str(tmp_path / "b.log"), require_isolation="uid", ready_timeout_s=60, **settings)
+
+
+def test_read_small_reads_a_file_whole(tmp_path: Path) -> None:
+    from sandbox_service.executor.isolation import my_children, read_small
+
+    big = os.urandom(200_000)  # more than one read's 64 KiB
+    (tmp_path / "f").write_bytes(big)
+    assert read_small(str(tmp_path / "f")) == big
+    assert read_small("/proc/sysvipc/shm").startswith(b"       key")
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(5)
+        os._exit(0)
+    try:
+        assert pid in my_children()
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
