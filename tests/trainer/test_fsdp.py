@@ -192,7 +192,11 @@ def load_worker(rank: int, port: int, model_dir: str, out: str) -> None:
     )
     dp = init_distributed("cpu")
     policy = load_sharded_policy(ModelConfig(path=model_dir, device="cpu"), None, 0, dp)
-    meta = [name for name, p in policy.model.named_parameters() if p.to_local().is_meta]
+    meta = [
+        name
+        for name, p in policy.model.named_parameters()
+        if p.to_local().is_meta  # type: ignore[attr-defined]  # a DTensor once sharded
+    ]
     ids = torch.tensor([[3, 17, 42, 7, 99, 5]])
     with torch.no_grad():
         logits = policy.model(input_ids=ids).logits
@@ -301,7 +305,7 @@ def test_sharded_sft_trains_as_one_process_does(
     from trainer.sft import main
 
     shape = {"vocab_size": 512, "hidden_size": 32, "intermediate_size": 64, "num_layers": 2}
-    overrides = {
+    overrides: dict[str, dict[str, Any]] = {
         "model": {"path": "tiny", "device": "cpu", "precision": "float32", "tiny": shape},
         "sft": {"toy_transcripts": 16, "steps": 3, "batch_size": 5, "warmup_steps": 1},
         "optim": {"micro_batch_tokens": 400},  # several micro-batches, uneven between ranks

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from trainer.plot import PANELS, draw, main, read_run, reward_gain
@@ -53,7 +54,11 @@ def drawn(name: str, *runs: Path) -> dict[str, tuple[list[float], list[float]]]:
     fig, ax = plt.subplots()
     draw(ax, panel(name), [read_run(r) for r in runs])
     lines = {
-        line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines
+        str(line.get_label()): (
+            np.asarray(line.get_xdata(), dtype=float).tolist(),
+            np.asarray(line.get_ydata(), dtype=float).tolist(),
+        )
+        for line in ax.lines
     }
     plt.close(fig)
     return lines

@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from transformers import PreTrainedTokenizerFast
@@ -88,7 +89,7 @@ def test_release_tool_turn_is_what_the_release_appends_after_the_model_turn() ->
 
 def test_release_style_writes_calls_as_the_release_template_does() -> None:
     call = {"name": TOOL_NAME, "arguments": {"code": "print(1)", "input": ""}}
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "Let me run it.", "tool_calls": [call, call]},
     ]

@@ -146,6 +146,7 @@ def test_reward_reads_the_models_text_not_the_tools_output(
     code = "print(chr(92) + 'boxed{' + str(6 * 7) + '}')"
     [rollout], _, _ = roll(tokenizer, script_of(format_tool_call(code), f"done{EOS}"), ["q"])
     transcript = tokenizer.decode(rollout.response_ids, skip_special_tokens=False)
+    assert isinstance(transcript, str)
     assert "stdout: \\boxed{42}" in transcript and not rollout.truncated
     assert reward(transcript, "42", truncated=False, require_answer_tag=False) == 1.0
     assert reward(rollout.model_text, "42", truncated=False, require_answer_tag=False) == 0.0

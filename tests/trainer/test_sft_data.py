@@ -81,6 +81,7 @@ def trained_and_shown(tokenizer: PreTrainedTokenizerFast, messages: list) -> tup
     pairs = list(zip(sample.token_ids, sample.loss_mask, strict=True))
     trained = tokenizer.decode([t for t, m in pairs if m], skip_special_tokens=False)
     shown = tokenizer.decode([t for t, m in pairs if not m], skip_special_tokens=False)
+    assert isinstance(trained, str) and isinstance(shown, str)
     return trained, shown
 
 

@@ -19,11 +19,12 @@ import copy
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
 
-from trainer.backends.base import GenerationRequest, SamplingParams
+from trainer.backends.base import GenerationBackend, GenerationRequest, SamplingParams
 from trainer.chat import EOS, decode
 from trainer.config import SftConfig, TinyModelConfig, VllmConfig
 from trainer.modeling import Policy
@@ -118,7 +119,8 @@ def test_rollouts_call_the_tool_in_the_sandbox_then_answer(
     async def run() -> list:
         async with SandboxRunner(sandbox_url) as runner:
             prompts = [the_prompt(policy)] * 4
-            return await generate_rollouts(prompts, backend, policy.tokenizer, runner, settings)
+            engine = cast(GenerationBackend, backend)
+            return await generate_rollouts(prompts, engine, policy.tokenizer, runner, settings)
 
     for rollout in asyncio.run(run()):
         assert rollout.finish == "eos" and rollout.turns == 2 and rollout.tool_calls == 1
