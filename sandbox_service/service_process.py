@@ -16,11 +16,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from sandbox_service.executor import isolation as iso
 
 
 class LaunchError(RuntimeError):
@@ -79,6 +81,7 @@ def start(
     port: int | None = None,
     cwd: str | None = None,
     wait_for: str = "/readyz",
+    die_with_starter: bool = False,
     **settings: Any,
 ) -> ServiceProcess:
     """Start ``sandbox-service serve`` with ``settings`` (names of Settings fields).
@@ -89,7 +92,9 @@ def start(
     a wrapper (``setpriv ... /other/python`` runs the service as another user). ``port``: a
     free one unless given (a node restarted in the place of one that died). ``cwd``: the
     directory it starts in. ``wait_for``: the probe that must answer 200 (``/healthz`` for a
-    service expected never to become ready)."""
+    service expected never to become ready). ``die_with_starter``: the service gets SIGTERM
+    when the thread that started it ends, however it ends (a trainer killed with SIGKILL
+    leaves no service behind); only for a starter whose thread outlives the service."""
     port = port or free_port()
     # Slot uids unique to this service, so that parallel test runs never have to move to
     # another range (executor.uids). ``uid_base=None``: the service's own default.
@@ -103,6 +108,7 @@ def start(
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=cwd,
+            preexec_fn=_dies_with(os.getpid()) if die_with_starter else None,
         )
     service = ServiceProcess(f"http://127.0.0.1:{port}", port, process, log_path, settings)
     deadline = time.monotonic() + ready_timeout_s
@@ -115,6 +121,15 @@ def start(
         time.sleep(0.1)
     service.stop()
     raise LaunchError(f"service not ready after {ready_timeout_s} s:\n{service.log()[-3000:]}")
+
+
+def _dies_with(starter: int) -> Callable[[], None]:
+    def in_child() -> None:
+        iso.prctl(iso.PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != starter:  # the starter died before the line above
+            os._exit(1)
+
+    return in_child
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from sandbox_service.client import AsyncSandboxClient
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
@@ -126,5 +127,7 @@ async def open_runner(sandbox_url: str | None) -> AsyncIterator[ToolRunner]:
 @contextlib.contextmanager
 def start_embedded_service(slots: int | None = None) -> Iterator[str]:
     """``sandbox-service serve`` on a free loopback port, for as long as the ``with`` lasts."""
-    with launch() if slots is None else launch(slots=slots) as service:
+    # The service dies with the trainer, even one killed with SIGKILL (no finally runs then).
+    sizes: dict[str, Any] = {} if slots is None else {"slots": slots}
+    with launch(die_with_starter=True, **sizes) as service:
         yield service.url
