@@ -125,7 +125,7 @@ def start(
 
 def _dies_with(starter: int) -> Callable[[], None]:
     def in_child() -> None:
-        iso.prctl(iso.PR_SET_PDEATHSIG, signal.SIGTERM)
+        iso.die_with_parent(signal.SIGTERM)
         if os.getppid() != starter:  # the starter died before the line above
             os._exit(1)
 

@@ -16,6 +16,7 @@ import os
 import resource
 import signal
 import time
+from collections.abc import Callable
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -152,8 +153,36 @@ def prctl(option: int, arg: int) -> None:
     _check(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl({option})")
 
 
-def die_with_parent() -> None:
-    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    prctl(PR_SET_PDEATHSIG, sig)
+
+
+class ChildFailed(Exception):
+    """A throwaway child's step raised (the message is its error) or died."""
+
+
+def in_throwaway_child(step: Callable[[], bytes]) -> bytes:
+    """What ``step`` returns, computed in a forked child that exits after it: for what must
+    not change or stay in the caller (a probe that confines itself, an import); ChildFailed
+    with the step's error otherwise."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            answer = b"+" + step()
+        except BaseException as exc:
+            answer = b"-" + f"{type(exc).__name__}: {exc}".encode()[:500]
+        os.write(w, answer)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as reader:
+        answer = reader.read()
+    _, status = os.waitpid(pid, 0)
+    if answer[:1] != b"+":
+        why = answer[1:].decode(errors="replace")
+        raise ChildFailed(why or f"the child died (wait status {status})")
+    return answer[1:]
 
 
 def set_dumpable(dumpable: bool) -> None:

@@ -20,6 +20,8 @@ import ctypes
 import errno
 import os
 
+from sandbox_service.executor import isolation as iso
+
 AF_UNIX = 1
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
@@ -80,23 +82,10 @@ def build_bpf_apart() -> bytes:
     """``build_bpf`` in a throwaway child, so that the caller never imports libseccomp's
     bindings: they bring threading and subprocess, whose after-fork work every child of a
     zygote would repeat (+0.3 to 0.5 ms of CPU per fork here; docs/benchmarks.md)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            bpf, failed = build_bpf(), b""
-        except BaseException as exc:
-            bpf, failed = b"", f"{type(exc).__name__}: {exc}".encode()
-        os.write(w, (b"E" + failed) if failed else (b"B" + bpf))  # < a pipe's 64 KiB: one write
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as reader:
-        answer = reader.read()
-    os.waitpid(pid, 0)
-    if answer[:1] != b"B":
-        raise OSError(answer[1:].decode(errors="replace") or "the filter's builder died")
-    return answer[1:]
+    try:
+        return iso.in_throwaway_child(build_bpf)
+    except iso.ChildFailed as exc:
+        raise OSError(str(exc)) from None
 
 
 class _SockFprog(ctypes.Structure):

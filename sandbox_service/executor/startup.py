@@ -28,6 +28,7 @@ import signal
 import socket
 import sys
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,23 +84,18 @@ def _try(confinement: Confinement, name: str, step: Any) -> bool:
         return False
 
 
-def _probe(step: Any) -> str | None:
+def _probe(step: Callable[[], None]) -> str | None:
     """Run ``step`` in a throwaway child; None if it worked, else why not."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            step()
-            os._exit(0)
-        except BaseException as exc:
-            os.write(w, f"{type(exc).__name__}: {exc}".encode()[:500])
-            os._exit(1)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        why = f.read().decode(errors="replace")
-    _, status = os.waitpid(pid, 0)
-    return None if status == 0 else (why or f"probe exited with status {status}")
+
+    def run() -> bytes:
+        step()
+        return b""
+
+    try:
+        iso.in_throwaway_child(run)
+    except iso.ChildFailed as exc:
+        return str(exc)
+    return None
 
 
 def reachable_paths(config: ZygoteConfig, mount: bool) -> list[str]:
