@@ -28,11 +28,9 @@ IPC_RMID = 0
 SYS_FSOPEN = 430
 SYS_FSCONFIG = 431
 SYS_FSMOUNT = 432
-SYS_MOVE_MOUNT = 429
 FSCONFIG_CMD_CREATE = 6
 FSOPEN_CLOEXEC = 1
 FSMOUNT_CLOEXEC = 1
-MOVE_MOUNT_F_EMPTY_PATH = 0x4
 AT_FDCWD = -100
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SYSVIPC = {"shm": "shmctl", "sem": "semctl", "msg": "msgctl"}
@@ -63,7 +61,7 @@ def _new_mqueue_mount() -> int:
 def enter_namespace(shm_mb: int) -> int:
     """Unshare the IPC namespace, cap its shared memory at ``shm_mb`` in all, and return a
     descriptor of its POSIX message-queue file system (to list and remove queues)."""
-    _check(_libc.unshare(CLONE_NEWIPC), "unshare(CLONE_NEWIPC)")
+    iso.unshare(CLONE_NEWIPC)
     # Per-namespace sysctls: a new namespace starts from the kernel's defaults (unlimited).
     with open("/proc/sys/kernel/shmall", "w") as f:
         f.write(str(shm_mb * (1 << 20) // PAGE))
@@ -83,8 +81,9 @@ def cover_dev_mqueue() -> None:
         return
     mnt = _new_mqueue_mount()
     try:
-        _check(int(_libc.syscall(SYS_MOVE_MOUNT, mnt, b"", AT_FDCWD, b"/dev/mqueue",
-                                 MOVE_MOUNT_F_EMPTY_PATH)), "move_mount /dev/mqueue")  # fmt: skip
+        move = _libc.syscall(iso.SYS_MOVE_MOUNT, mnt, b"", AT_FDCWD, b"/dev/mqueue",
+                             iso.MOVE_MOUNT_F_EMPTY_PATH)  # fmt: skip
+        _check(int(move), "move_mount /dev/mqueue")
     finally:
         os.close(mnt)
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from sandbox_service.executor import isolation as iso
+
 MIB = 1 << 20
 UNLIMITED_V1 = b"-1"
 OOM_PROTECTED = b"-1000"
@@ -185,8 +187,9 @@ def _descendants(pid: int) -> list[int]:
     while todo:
         parent = todo.pop()
         try:
-            with open(f"/proc/{parent}/task/{parent}/children") as f:
-                kids = [int(p) for p in f.read().split()]
+            kids = [
+                int(p) for p in iso.read_small(f"/proc/{parent}/task/{parent}/children").split()
+            ]
         except OSError:
             continue
         found += kids
@@ -196,8 +199,7 @@ def _descendants(pid: int) -> list[int]:
 
 def _private_bytes(pid: int) -> int:
     try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-            lines = f.read().splitlines()
+        lines = iso.read_small(f"/proc/{pid}/smaps_rollup").splitlines()
     except OSError:  # gone meanwhile
         return 0
     total = 0
@@ -217,8 +219,11 @@ def make_killable() -> None:
     """In a child, before it drops root: the first process the OOM killer takes (the zygote's
     -1000 is inherited and would make the child unkillable, and a cgroup at its limit with
     nothing to kill hangs until the timeout)."""
-    with open("/proc/self/oom_score_adj", "wb") as f:
-        f.write(OOM_FIRST)
+    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, OOM_FIRST)
+    finally:
+        os.close(fd)
 
 
 def cgroup_name(slot: int, uid: int | None) -> str:

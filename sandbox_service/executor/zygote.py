@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -56,7 +57,6 @@ class Zygote:
         self.pid = os.getpid()
         self.dirty = False
         # In a pid namespace every zygote is pid 1: a random tag names its run directories.
-        own_ns = startup.in_own_pid_namespace()
         self.workdirs = WorkDirs(
             config,
             private_tmp=confinement.mount,
@@ -64,7 +64,7 @@ class Zygote:
             scratch_keep=confinement.scratch_keep,
             ipc=confinement.ipc,
             mq_fd=confinement.mq_fd,
-            run_tag=os.urandom(4).hex() if own_ns else str(self.pid),
+            run_tag=os.urandom(4).hex() if confinement.pid else str(self.pid),
         )
         self.unclean: str | None = None  # why the last reset failed: the zygote is recycled
 
@@ -127,12 +127,16 @@ class Zygote:
         }
         try:
             cgroup = self.confinement.cgroup
-            sampler = memory.TreeSampler(spec.memory_mb) if cgroup is None else None
-            alarm = cgroup.oom_alarm if cgroup is not None else None
-            over = sampler.over if sampler is not None else None
+            over: monitor.Sampler | None = None
+            finish: Callable[[], memory.MemoryOutcome | None]
+            if cgroup is not None:
+                alarm, finish = cgroup.oom_alarm, cgroup.end
+            else:
+                sampler = memory.TreeSampler(spec.memory_mb)
+                alarm, over, finish = None, sampler.over, sampler.outcome
             seen = monitor.watch(pidfd, streams, timeout_s, start, alarm, over)
             status, usage = self._clean_up(pid)
-            tree = cgroup.end() if cgroup is not None else sampler.outcome() if sampler else None
+            tree = finish()
             monitor.drain(streams)
             os.set_blocking(pipes.st_r, False)
             try:
