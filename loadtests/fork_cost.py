@@ -23,7 +23,10 @@ import argparse
 import subprocess
 import sys
 
-PRELOADS = "math, cmath, fractions, decimal, itertools, functools, collections, statistics"
+from sandbox_service.executor.imports import stdlib_only
+from sandbox_service.settings import DEFAULT_PRELOAD
+
+PRELOADS = ", ".join(stdlib_only(DEFAULT_PRELOAD))  # the light zygote's
 ZYGOTE = "import sandbox_service.executor.zygote"
 CONFINEMENT = """
 from sandbox_service.executor import isolation as iso, seccomp_filter
@@ -50,7 +53,7 @@ VARIANTS = {
 
 CHILD = f"""
 import gc, io, os, sys, time
-import {PRELOADS}, random, re, json
+import {PRELOADS}
 {{imports}}
 confine = globals().get("confine", lambda: None)
 def streams():

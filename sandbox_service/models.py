@@ -84,6 +84,12 @@ def check_relative_path(path: str) -> str:
     return norm
 
 
+def _directories_of(norm: str) -> list[str]:
+    """The directories a normalised path needs: ``a`` and ``a/b`` for ``a/b/c``."""
+    parts = norm.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
 def files_conflict(paths: Iterable[str]) -> str | None:
     """Why ``files`` keys cannot all be written (two name the same file, or one is a file where
     another needs a directory: ``a`` and ``a/b``), or None. The caller's fault: a 422."""
@@ -94,9 +100,7 @@ def files_conflict(paths: Iterable[str]) -> str | None:
             return f"file paths {seen[norm]!r} and {path!r} name the same file"
         seen[norm] = path
     for norm, path in seen.items():
-        parts = norm.split("/")
-        for i in range(1, len(parts)):
-            directory = "/".join(parts[:i])
+        for directory in _directories_of(norm):
             if directory in seen:
                 return (f"file path {seen[directory]!r} is a file, but {path!r} needs it to be "
                         "a directory")  # fmt: skip
@@ -106,11 +110,17 @@ def files_conflict(paths: Iterable[str]) -> str | None:
 def merge_files(earlier: dict[str, str], later: dict[str, str]) -> dict[str, str]:
     """``later`` written over ``earlier`` (a session's files, then a cell's): an earlier file
     in the way of a later one, or under a later file's name, is dropped, as writing the later
-    tree over the earlier one would do."""
+    tree over the earlier one would do. ``later`` is a request's files, already without
+    conflicts of its own (``files_conflict``): linear in both, where asking ``files_conflict``
+    per earlier file was their product, on the event loop."""
+    names = {check_relative_path(p) for p in later}
+    needed = {d for n in names for d in _directories_of(n)}
     merged = dict(later)
     for path, data in earlier.items():
-        if files_conflict([*later, path]) is None:
-            merged[path] = data
+        norm = check_relative_path(path)
+        if norm in names or norm in needed or any(d in names for d in _directories_of(norm)):
+            continue
+        merged[path] = data
     return merged
 
 

@@ -210,7 +210,7 @@ class Sessions:
             return result.model_copy(update=update)
         if result.status is Status.ok and (request.id is None or request.id not in session.applied):
             session.cells.append(Cell(request.code, request.mode.value, request.stdin))
-            session.files = merge_files(session.files, request.files)
+            session.files = files  # still merged from these: the session's lock is held
             if request.id is not None:
                 session.applied.add(request.id)
         session.used_at = time.monotonic()
