@@ -13,11 +13,12 @@ Needs matplotlib (``pip install 'sandbox-service[trainer]'``).
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from trainer.problems import read_rows
 
 Line = dict[str, Any]
 Series = tuple[str, Callable[[Line], float | None]]  # label, value of one step (None: absent)
@@ -91,8 +92,7 @@ class Run:
 
 def read_run(directory: str | Path, label: str | None = None) -> Run:
     path = Path(directory) / "metrics.jsonl"
-    with path.open() as f:
-        lines = [json.loads(line) for line in f if line.strip()]
+    lines = read_rows(path)
     if not lines:
         raise ValueError(f"{path}: no steps")
     return Run(label or Path(directory).resolve().name, lines)

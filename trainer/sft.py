@@ -61,6 +61,11 @@ def load_conversations(config: SftConfig, seed: int = 0) -> list[Conversation]:
     return list(load_sft_rows(config.data, config.format))
 
 
+def final_turns(policy: Policy, check: Sequence[Conversation], style: PromptStyle) -> list[Sample]:
+    """The held-out conversations encoded, only their final turns trained on (checked)."""
+    return [final_turn(encode_conversation(policy, m, style)) for m in check]
+
+
 def check_conversations(config: SftConfig, seed: int = 0) -> list[Conversation]:
     """What ``sft.stop_probability`` is checked on: toy solutions with the tool, on problems
     neither the SFT transcripts nor the shipped training set hold; their final turn copies
@@ -135,7 +140,7 @@ def run_sft(
     the run stops once the policy writes their final turns right (``whole_probability``) with
     ``sft.stop_probability``."""
     samples = [encode_conversation(policy, m, style) for m in conversations]
-    checked = [final_turn(encode_conversation(policy, m, style)) for m in check]
+    checked = final_turns(policy, check, style)
     if config.max_tokens is not None:
         samples = [s for s in samples if len(s.token_ids) <= config.max_tokens]
     if not samples:
@@ -181,7 +186,7 @@ def fine_tune(
     check = check_conversations(sft, seed)
     common = (seed, config.optim.micro_batch_tokens, progress, config.prompt.style, dp)
     if sft.data == TOY and sft.toy_copy_first:
-        copying = toy_conversations(sft.toy_transcripts, seed + TOY_SEED_OFFSET, 0.0)
+        copying = load_conversations(replace(sft, toy_direct_share=0.0), seed)
         losses = run_sft(policy, copying, sft, *common, check=check)
         mixing = replace(sft, steps=sft.mix_steps, epochs=None, stop_probability=None)
         return losses + run_sft(policy, load_conversations(sft, seed), mixing, *common)

@@ -41,13 +41,7 @@ from trainer.parallel import SINGLE, DataParallel
 from trainer.policy_host import policy_host
 from trainer.problems import Problem, ProblemSampler, hard_problems
 from trainer.rollout import RolloutSettings, ToolRunner
-from trainer.sft import (
-    check_conversations,
-    encode_conversation,
-    final_turn,
-    fine_tune,
-    whole_probability,
-)
+from trainer.sft import check_conversations, final_turns, fine_tune, whole_probability
 from trainer.step import StepContext, rl_step, rollout_settings
 from trainer.tool_runners import open_runner
 from trainer.tracking import MetricsLog
@@ -102,7 +96,7 @@ def warm_start(policy: Policy, config: TrainConfig, output: Path, progress: bool
     policy.save(output / "sft")
     summary = {"steps": len(losses), "first_loss": losses[0], "last_loss": losses[-1]}
     if check:
-        samples = [final_turn(encode_conversation(policy, m, config.prompt.style)) for m in check]
+        samples = final_turns(policy, check, config.prompt.style)
         summary["check_probability"] = whole_probability(
             policy, samples, config.optim.micro_batch_tokens
         )
