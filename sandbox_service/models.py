@@ -17,6 +17,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from sandbox_service.executor.protocol import Mode as Mode
+
 SUPPORTED_LANGUAGES = ("python",)
 # For the published schema: what the validators below accept, as JSON Schema can say it.
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
@@ -63,9 +65,9 @@ class Status(str, enum.Enum):
     internal_error = "internal_error"
 
 
-class Mode(str, enum.Enum):
-    script = "script"
-    repl = "repl"
+# Mode is the executor's (one definition); Status is RunStatus and what only the service
+# decides, kept equal by tests/sandbox_service/test_contract.py.
+SERVICE_ONLY = ("killed", "queue_timeout", "rejected")
 
 
 def check_relative_path(path: str) -> str:

@@ -15,7 +15,7 @@ import logging
 import time
 
 from sandbox_service.executor.pool import SlotPool
-from sandbox_service.executor.protocol import Mode, Outcome, RunSpec, RunStatus
+from sandbox_service.executor.protocol import Limits, Outcome, RunSpec, RunStatus
 from sandbox_service.executor.slot import CanaryFailed, Slot, SlotCrashed, SlotStartError
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import ExecuteResult, Status
@@ -36,8 +36,8 @@ def restart_backoff(failures: int) -> float:
 def zygote_request(job: Job) -> RunSpec[str]:
     """The executor's view of a request: what to run and under which limits, nothing else."""
     r = job.request
-    return RunSpec(code=r.code, stdin=r.stdin, mode=Mode(r.mode.value), files=r.files,
-                   timeout_s=r.timeout_s, memory_mb=r.memory_mb)  # fmt: skip
+    limits = Limits(timeout_s=r.timeout_s, memory_mb=r.memory_mb)
+    return RunSpec(code=r.code, stdin=r.stdin, mode=r.mode, files=r.files, limits=limits)
 
 
 class SlotLoop:

@@ -263,8 +263,8 @@ def _confine_and_run(spec: RunSpec[memoryview], config: ZygoteConfig, confinemen
     uid = config.uid if confinement.uid and config.uid is not None else os.getuid()
     gid = (config.gid if config.gid is not None else uid) if confinement.uid else os.getgid()
     iso.set_limits(
-        address_space=confinement.base_address_space + spec.memory_mb * MIB,
-        cpu_seconds=cpu_limit_s(spec.timeout_s),
+        address_space=confinement.base_address_space + spec.limits.memory_mb * MIB,
+        cpu_seconds=cpu_limit_s(spec.limits.timeout_s),
         file_size=config.max_file_mb * MIB,
         open_files=config.max_open_files,
         processes=config.max_processes if confinement.uid else confinement.shared_process_limit,

@@ -86,23 +86,58 @@ class RunStatus(str, Enum):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunSpec(Generic[P]):
-    """One execution: what to run and under which limits, nothing else."""
+class Limits:
+    """What one execution may use, defined per execution whatever runs in it.
 
-    code: P
+    ``memory_mb`` bounds the execution's processes together (the memory cgroup, or the
+    sampler), counted from what the run itself adds: for Python run in the zygote's
+    interpreter, on top of that interpreter; for a command exec'd in its place (``argv``), the
+    whole of what it maps, since the interpreter it replaced no longer counts.
+    ``address_space``: each process also gets ``RLIMIT_AS`` (a backstop where there is no
+    cgroup); off for runtimes that reserve far more address space than they use (a JVM)."""
+
     timeout_s: float
     memory_mb: int
+    address_space: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec(Generic[P]):
+    """One execution: what to run and under which limits, nothing else.
+
+    ``argv`` empty: ``code`` is Python, run in the zygote's interpreter (``child.run``).
+    Otherwise ``code`` is written to ``source`` in the working directory, ``files`` beside it
+    (those named in ``executables`` made executable), and ``argv`` replaces the interpreter
+    (looked up on the child's ``PATH``). ``collect``: patterns (``fnmatch``) of files at the
+    top of the working directory sent back with the result, read by the zygote, never
+    followed through a link (a compile's output). ``language`` is for reports only: the
+    executor knows nothing language-specific."""
+
+    code: P
+    limits: Limits
     stdin: P | str = ""
     files: dict[str, str] | memoryview = field(default_factory=dict)  # {path: base64}
     mode: Mode = Mode.script
+    language: str = "python"
+    argv: list[str] = field(default_factory=list)
+    source: str = ""
+    executables: list[str] = field(default_factory=list)
+    collect: list[str] = field(default_factory=list)
+
+    @property
+    def in_process(self) -> bool:
+        """Python in the zygote's own interpreter, rather than a command exec'd in its place."""
+        return not self.argv
 
     def frame(self) -> dict[str, Any]:
-        return {"op": "run", **_shallow(self), "mode": self.mode.value}
+        return {"op": "run", **_shallow(self), "mode": self.mode.value,
+                "limits": _shallow(self.limits)}  # fmt: skip
 
     @classmethod
     def from_frame(cls, message: dict[str, Any]) -> RunSpec[Any]:
         known = _known(cls, message)
-        return cls(**{**known, "mode": Mode(known.get("mode", "script"))})
+        mode = Mode(known.get("mode", "script"))
+        return cls(**{**known, "mode": mode, "limits": Limits(**known["limits"])})
 
 
 @dataclass(frozen=True, kw_only=True)

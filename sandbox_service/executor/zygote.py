@@ -108,13 +108,25 @@ class Zygote:
                 self.dirty = True
         return status, usage
 
+    def _memory_basis(
+        self, spec: RunSpec[memoryview], peak_rss: int, tree: memory.MemoryOutcome | None
+    ) -> tuple[int, int]:
+        """(peak, base) in bytes that ``judge.memory_reached`` compares with the limit, per
+        execution. In-process Python starts from the zygote's resident memory. A command that
+        replaced the interpreter does not: its memory is the tree's (cgroup or sampler), from
+        zero; ``wait4``'s peak would count the zygote's pages the child held before ``exec``,
+        so without a tree measure only what is above the zygote's size counts."""
+        if not spec.in_process and tree is not None:
+            return int(tree.peak_mb * MIB), 0
+        return peak_rss, self.base_rss
+
     def execute(self, spec: RunSpec[memoryview]) -> Outcome[memoryview]:
-        timeout_s = spec.timeout_s
+        timeout_s, memory_mb = spec.limits.timeout_s, spec.limits.memory_mb
         workdir = self.workdirs.make()
         stdin = spec.stdin if isinstance(spec.stdin, memoryview) else b""  # "": none sent
         pipes = monitor.Pipes.open(stdin)
         if self.confinement.cgroup is not None:
-            self.confinement.cgroup.begin(spec.memory_mb)
+            self.confinement.cgroup.begin(memory_mb)
         cpu_before = _tree_cpu_s()
         start = time.monotonic()
         pid = self._fork(spec, pipes, workdir)
@@ -132,7 +144,7 @@ class Zygote:
             if cgroup is not None:
                 alarm, finish = cgroup.oom_alarm, cgroup.end
             else:
-                sampler = memory.TreeSampler(spec.memory_mb)
+                sampler = memory.TreeSampler(memory_mb)
                 alarm, over, finish = None, sampler.over, sampler.outcome
             seen = monitor.watch(pidfd, streams, timeout_s, start, alarm, over)
             status, usage = self._clean_up(pid)
@@ -149,15 +161,16 @@ class Zygote:
             self._reset_workdir(workdir)
         out, err = streams[pipes.out_r], streams[pipes.err_r]
         tree_cpu = _tree_cpu_s() - cpu_before
+        peak_rss, base_rss = self._memory_basis(spec, usage.ru_maxrss * 1024, tree)
         observed = judge.Observed(
             wait_status=status,
             watch=seen,
             setup_note=note,
             tree_cpu_s=tree_cpu,
             cpu_limit_s=child.cpu_limit_s(timeout_s),
-            peak_rss_bytes=usage.ru_maxrss * 1024,
-            base_rss_bytes=self.base_rss,
-            memory_mb=spec.memory_mb,
+            peak_rss_bytes=peak_rss,
+            base_rss_bytes=base_rss,
+            memory_mb=memory_mb,
             timeout_s=timeout_s,
             tree=tree,
         )
