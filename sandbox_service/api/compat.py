@@ -38,6 +38,8 @@ class Reading:
 OUTCOMES: dict[Status, Reading] = {
     Status.ok: Reading(True, "Finished", ""),
     Status.error: Reading(True, "Finished", ""),
+    # The compile failed: the submission's fault. SandboxFusion says it in compile_result.
+    Status.compile_error: Reading(True, "Finished", ""),
     Status.timeout: Reading(True, "TimeLimitExceeded", "worker_timeout"),
     Status.memory_limit: Reading(True, "Finished", ""),
     Status.output_limit: Reading(True, "Finished", ""),

@@ -26,7 +26,8 @@ from typing import Any, Generic, TypeVar
 import orjson
 
 MAX_FRAME = 256 * 1024 * 1024
-PAYLOAD = ("code", "stdin", "files", "stdout", "stderr")
+PAYLOAD = ("code", "stdin", "files", "stdout", "stderr", "artifacts")
+MAX_ARTIFACTS_BYTES = 16 * 1024 * 1024  # what a run may send back of the files it collects
 
 # A payload field: text on the slot's side, a view into the wiped buffer in the zygote.
 P = TypeVar("P", str, memoryview)
@@ -74,11 +75,13 @@ class Mode(str, Enum):
 
 
 class RunStatus(str, Enum):
-    """How one execution ended, as its zygote judged it (``judge.py``): the API's ``Status``
-    less what only the service decides (killed, queue_timeout, rejected)."""
+    """How one execution ended, as its zygote judged it (``judge.py``), or its compile step
+    (``compiler.py``): the API's ``Status`` less what only the service decides (killed,
+    queue_timeout, rejected)."""
 
     ok = "ok"
     error = "error"
+    compile_error = "compile_error"
     timeout = "timeout"
     memory_limit = "memory_limit"
     output_limit = "output_limit"
@@ -157,6 +160,17 @@ class Outcome(Generic[P]):
     cpu_time_s: float = 0.0
     peak_memory_mb: float = 0.0
     recycle: bool = False  # the zygote could not clean up after it and exits: never reuse it
+    # The files RunSpec.collect named, one after the other; their names and sizes in order.
+    artifacts: memoryview | bytes = b""
+    artifact_index: list[tuple[str, int]] = field(default_factory=list)
+
+    def artifact_files(self) -> dict[str, bytes]:
+        """The collected files by name (on the slot's side)."""
+        files, at = {}, 0
+        for name, size in self.artifact_index:
+            files[name] = bytes(self.artifacts[at : at + size])
+            at += size
+        return files
 
     def frame(self) -> dict[str, Any]:
         return {**_shallow(self), "status": self.status.value}
@@ -164,7 +178,8 @@ class Outcome(Generic[P]):
     @classmethod
     def from_frame(cls, message: dict[str, Any]) -> Outcome[Any]:
         known = _known(cls, message)
-        return cls(**{**known, "status": RunStatus(known["status"])})
+        index = [(str(name), int(size)) for name, size in known.get("artifact_index", [])]
+        return cls(**{**known, "status": RunStatus(known["status"]), "artifact_index": index})
 
 
 @dataclass(frozen=True)
@@ -253,11 +268,13 @@ def payload_sizes(header: dict[str, Any]) -> list[tuple[str, int]]:
 
 
 def decode_payload(name: str, data: bytes) -> Any:
-    """A payload field as the slot side sees it: files a dict, the rest text."""
+    """A payload field as the slot side sees it: files a dict, artifacts bytes, the rest text."""
     if name == "files":
         return orjson.loads(data)
     if name in ("stdout", "stderr"):
         return data.decode("utf-8", errors="replace")
+    if name == "artifacts":
+        return data
     return data.decode("utf-8", "surrogatepass")
 
 

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 
+from sandbox_service.executor.languages import toolchains
 from sandbox_service.executor.pool import SlotPool
 from sandbox_service.executor.slot import Slot
 from sandbox_service.metrics import Metrics
@@ -106,6 +107,7 @@ class EmbeddedRuntime:
             slots=slots,
             light_slots=[slot_state(s, uid_layer) for s in self.pool.light],
             isolation=self.pool.isolation,
+            languages=await asyncio.to_thread(toolchains),
             zygote=self.pool.zygote,
             executions=dict(self.metrics.by_status),
             limits=limits(self.settings),

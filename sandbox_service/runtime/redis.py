@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 
+from sandbox_service.executor.languages import toolchains
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import StatusReport
 from sandbox_service.queue.base import Queue
@@ -67,6 +68,7 @@ class RedisRuntime:
             in_flight=cluster.running,
             workers=cluster.workers,
             isolation=cluster.isolation,
+            languages=await asyncio.to_thread(toolchains),
             executions=cluster.executions,
             reclaimed=cluster.reclaimed,
             limits={**limits(self.settings), "chunk_size": self.settings.chunk_size},
