@@ -123,7 +123,8 @@ class Settings(BaseSettings):
     compile_cache_mb: int = Field(
         default=256,
         ge=0,
-        description="Compiled programs a worker keeps (cpp, java), by content, in MiB.",
+        description="Compiled programs a worker keeps (cpp, java), by content, in MiB; 0: "
+        "none (every request compiles).",
     )
 
     # API (policy).

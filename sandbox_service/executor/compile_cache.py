@@ -10,7 +10,8 @@ output without following links, and no execution can write here; each run receiv
 in its own working directory.
 
 A build is made once even when several slots ask for it at the same moment (the others wait
-for it); the cache is bounded in bytes, least recently used first out. A compile error is
+for it); the cache is bounded in bytes, least recently used first out (a bound of 0 turns it
+off: every request compiles, as in SandboxFusion and code-judge). A compile error is
 kept too (the same source fails the same way); a compile that ran out of time is not (a
 busy node may be why).
 """
@@ -67,6 +68,9 @@ class CompileCache:
         """(the build of ``key``, whether it was already made or being made); ``make`` runs
         only when neither. A caller whose ``make`` fails gets its exception; the callers that
         waited for it make the build themselves."""
+        if not self.max_bytes:
+            self.misses += 1
+            return await make(), False
         build = self._builds.get(key)
         if build is not None:
             self._builds.move_to_end(key)
