@@ -15,7 +15,7 @@ import posixpath
 from collections.abc import Iterable
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from sandbox_service.executor import languages
 from sandbox_service.executor.protocol import Mode as Mode
@@ -174,6 +174,16 @@ class ExecuteRequest(BaseModel):
     @classmethod
     def _language(cls, value: str) -> str:
         return languages.lookup(value).name  # UnknownLanguage is a ValueError: a 422
+
+    @model_validator(mode="after")
+    def _python_only(self) -> ExecuteRequest:
+        """Sessions and repl mode are Python's: its state, its expressions."""
+        if self.language != "python":
+            if self.session_id is not None:
+                raise ValueError(f"session_id is for python only, not {self.language}")
+            if self.mode is not Mode.script:
+                raise ValueError(f"mode 'repl' is for python only, not {self.language}")
+        return self
 
     @field_validator("files")
     @classmethod

@@ -16,10 +16,12 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from sandbox_service.executor import languages
 from sandbox_service.executor.compile_cache import Build, CompileCache
 from sandbox_service.executor.protocol import RunStatus
+from sandbox_service.models import ExecuteRequest, Mode
 from sandbox_service.service_process import ServiceProcess, start
 
 MEMORY_MB = 128  # the memory tests' limit; code-judge's for this service
@@ -263,3 +265,11 @@ async def _cache_makes_once() -> None:
     assert made == [60, 60, 60]
     timed_out = await cache.get("t", lambda: asyncio.sleep(0, Build(status=RunStatus.timeout)))
     assert not timed_out[1] and (await cache.get("t", lambda: make(1)))[1] is False
+
+
+def test_sessions_and_repl_are_pythons_alone() -> None:
+    with pytest.raises(ValidationError, match="session_id is for python only"):
+        ExecuteRequest(code="x", language="cpp", session_id="s")
+    with pytest.raises(ValidationError, match="repl"):
+        ExecuteRequest(code="x", language="java", mode=Mode.repl)
+    assert ExecuteRequest(code="x", language="js").language == "nodejs"
