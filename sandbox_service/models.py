@@ -132,7 +132,17 @@ def merge_files(earlier: dict[str, str], later: dict[str, str]) -> dict[str, str
 class ExecuteRequest(BaseModel):
     """One program to run. Server maxima (timeout, memory, code size) are checked by the API."""
 
-    model_config = ConfigDict(extra="forbid", use_enum_values=False)
+    model_config = ConfigDict(
+        extra="forbid",
+        use_enum_values=False,
+        # What _python_only refuses, said in the published schema: a client (or a fuzzer)
+        # following the document is never refused a request the schema allows.
+        json_schema_extra={"allOf": [{
+            "if": {"properties": {"language": {"not": {"enum": list(languages.PYTHON_NAMES)}}},
+                   "required": ["language"]},
+            "then": {"properties": {"session_id": {"type": "null"}, "mode": {"const": "script"}}},
+        }]},
+    )  # fmt: skip
 
     code: str = Field(description="The program's source.")
     stdin: str = Field(default="", description="Standard input given to the program.")

@@ -89,6 +89,7 @@ BY_NAME: dict[str, Language] = {
 }
 NAMES: tuple[str, ...] = tuple(lang.name for lang in LANGUAGES)
 ALL_NAMES: tuple[str, ...] = tuple(sorted(BY_NAME))  # aliases included
+PYTHON_NAMES: tuple[str, ...] = tuple(n for n, lang in BY_NAME.items() if lang.name == "python")
 
 
 class UnknownLanguage(ValueError):

@@ -50,7 +50,9 @@ class EmbeddedRuntime:
         self._deadline: asyncio.TimerHandle | None = None
 
     async def start(self) -> None:
-        await self.pool.start()
+        # The toolchains are probed (once: /v1/status and the compile cache read the result)
+        # while the zygotes start, rather than by the first status request or compile.
+        await asyncio.gather(self.pool.start(), asyncio.to_thread(toolchains))
         await self.queue.start()
         self.metrics.watch(self.metrics.queue_depth, lambda: self.queue.counts()[0])
         self.metrics.watch(self.metrics.in_flight, lambda: self.queue.counts()[1])

@@ -33,7 +33,7 @@ class RedisRuntime:
         self._rejecting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        await self.redis.start()
+        await asyncio.gather(self.redis.start(), asyncio.to_thread(toolchains))  # as embedded
         # Cluster-wide jobs admitted and not answered (waiting + running), and the
         # requests this node is waiting on.
         self.metrics.watch(self.metrics.queue_depth, lambda: self.redis.cluster_depth)
