@@ -129,14 +129,17 @@ RocVariant = Literal["sample", "release"]  # trainer/roc.py
 
 @dataclass(frozen=True)
 class RocConfig:
+    # false: keep G of the oversample * G rollouts uniformly at random (with oversample 1: all
+    # G, plain GRPO); the controls of docs/trainer.md
     enabled: bool = True
-    variant: RocVariant = "sample"
+    variant: RocVariant = "sample"  # sample: the report's rule; release: rStar's (trainer/roc.py)
     use_error_ratio: bool = True
     use_answer_format: bool = True
-    min_penalty: float = 1e-3
-    min_positives: int = 2
-    min_negatives: int = 2
-    drop_equal_reward: bool = True
+    min_penalty: float = 1e-3  # sample only: the floor under p_total (1 / p_total weights)
+    # per-class minimum counts kept when both classes exist (the release's script: 2 and 2)
+    min_positives: int = 1
+    min_negatives: int = 1
+    drop_equal_reward: bool = True  # groups whose rewards are all equal leave the step
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,16 @@ class SftConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    """Evaluation while training: avg@k on ``data.eval`` (the release evaluates every 5 steps)."""
+
+    every: int = 0  # RL steps between evaluations (and one after the last step); 0: never
+    k: int = 4  # rollouts per problem: the pass rate is avg@k (the report's AIME: avg@16)
+    max_problems: int | None = None  # the first N problems of data.eval; None: all
+    temperature: float | None = None  # None: rollout.temperature
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     every: int = 50  # RL steps; 0: only at the end
     keep: int = 2  # newest checkpoints kept
@@ -243,6 +256,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     stages: tuple[StageConfig, ...] = (StageConfig(name="main", steps=100),)
     sft: SftConfig = field(default_factory=SftConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -257,6 +271,17 @@ class TrainConfig:
             raise ValueError("rollout.chunk_tokens: at least 1, or null for whole turns")
         if self.tool.batch_size < 1 or self.tool.batch_timeout_s < 0:
             raise ValueError("tool.batch_size: at least 1; tool.batch_timeout_s: not negative")
+        roc = self.roc
+        if min(roc.min_positives, roc.min_negatives) < 0 or (
+            roc.min_positives + roc.min_negatives > self.rollout.group_size
+        ):
+            raise ValueError("roc.min_positives + roc.min_negatives: at most rollout.group_size")
+        if roc.variant == "release" and roc.min_penalty != RocConfig.min_penalty:
+            raise ValueError("roc.min_penalty: the sample variant's; the release sorts")
+        if self.eval.every < 0 or self.eval.k < 1:
+            raise ValueError("eval.every: not negative; eval.k: at least 1")
+        if self.eval.every and self.data.eval is None:
+            raise ValueError("eval.every: needs data.eval, the held-out problems")
 
     @property
     def total_steps(self) -> int:

@@ -22,7 +22,7 @@ import torch
 from sandbox_service.models import Mode
 from trainer.backends.base import GenerationBackend
 from trainer.chat import prompt_text
-from trainer.config import RocConfig, TrainConfig
+from trainer.config import TrainConfig
 from trainer.grpo import group_advantages
 from trainer.modeling import Policy
 from trainer.parallel import SINGLE, DataParallel
@@ -138,13 +138,14 @@ def scheduler_settings(config: TrainConfig) -> SchedulerSettings | None:
 def select(
     groups: list[list[Scored]], config: TrainConfig, rng: random.Random
 ) -> tuple[list[list[Scored]], dict[str, float]]:
-    """RoC (or, with it off, all rollouts; all-equal groups still dropped when asked)."""
-    settings, keep = config.roc, config.rollout.group_size
-    if not config.roc.enabled:  # keep all, drop only all-equal groups when asked
-        settings = RocConfig(drop_equal_reward=settings.drop_equal_reward)
-        keep = max(len(g) for g in groups)
+    """G of each group: by RoC, or with it off uniformly at random (all-equal groups dropped
+    when asked). The controls: RoC off with ``oversample: 1`` is GRPO on G rollouts; with
+    ``oversample: 2``, 2G sampled and G kept at random; RoC on, G kept by RoC."""
     outcome = resample_on_correct(
-        [[s.rollout.roc_sample(s.reward) for s in g] for g in groups], settings, keep, rng
+        [[s.rollout.roc_sample(s.reward) for s in g] for g in groups],
+        config.roc,
+        config.rollout.group_size,
+        rng,
     )
     kept = [[group[i] for i in idx] for group, idx in zip(groups, outcome.kept, strict=True) if idx]
     return kept, outcome.metrics
