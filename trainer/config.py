@@ -67,6 +67,7 @@ class RolloutConfig:
     # rounds: every rollout a turn, then all tool calls in one batch (reproducible on CPU);
     # static / balanced: each rollout at its own pace, tool calls sent as its turn ends, turns
     # on a fixed engine (static) or placed by free KV cache with prefix affinity (balanced).
+    # Under rounds, chunk_tokens, locality_wait_s and tool.batch_* are not used.
     scheduler: Literal["rounds", "static", "balanced"] = "rounds"
     chunk_tokens: int | None = 1024  # balanced: new tokens per request (trainer/placement.py)
     locality_wait_s: float = 2.0  # balanced: wait for the engine holding the prefix, then move
@@ -86,6 +87,9 @@ class RewardConfig:
     # reward only a \boxed{} inside <answer>...</answer> (the report); false: the last box
     # anywhere in the model's text (the release)
     require_answer_tag: bool = False
+    # a truncated rollout (length or turn limit) scores 0 (the report); false: its text is
+    # scored as it stands (the release)
+    zero_truncated: bool = True
 
 
 @dataclass(frozen=True)
@@ -278,6 +282,8 @@ class TrainConfig:
             raise ValueError("roc.min_positives + roc.min_negatives: at most rollout.group_size")
         if roc.variant == "release" and roc.min_penalty != RocConfig.min_penalty:
             raise ValueError("roc.min_penalty: the sample variant's; the release sorts")
+        if self.loss.kl_coef == 0 and any(stage.reset_reference for stage in self.stages):
+            raise ValueError("stages[].reset_reference: there is no reference with loss.kl_coef 0")
         if self.eval.every < 0 or self.eval.k < 1:
             raise ValueError("eval.every: not negative; eval.k: at least 1")
         if self.eval.every and self.data.eval is None:

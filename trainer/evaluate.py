@@ -65,7 +65,7 @@ async def correct_counts(
             backend,
             runner,
             settings,
-            config.reward.require_answer_tag,
+            config.reward,
             dp,
         )
     return [sum(s.reward > 0 for s in g) for g in groups], groups

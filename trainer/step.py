@@ -22,7 +22,7 @@ import torch
 from sandbox_service.models import Mode
 from trainer.backends.base import GenerationBackend
 from trainer.chat import prompt_text
-from trainer.config import TrainConfig
+from trainer.config import RewardConfig, TrainConfig
 from trainer.grpo import group_advantages
 from trainer.modeling import Policy
 from trainer.parallel import SINGLE, DataParallel
@@ -55,7 +55,7 @@ async def sample_and_score(
     backend: GenerationBackend,
     runner: ToolRunner,
     settings: RolloutSettings,
-    require_answer_tag: bool,
+    scoring: RewardConfig,
 ) -> list[list[Scored]]:
     """``per_problem`` scored rollouts of each problem, grouped by problem."""
     prompts = [
@@ -72,8 +72,8 @@ async def sample_and_score(
                     reward(
                         r.model_text,
                         problem.answer,
-                        truncated=r.truncated,
-                        require_answer_tag=require_answer_tag,
+                        truncated=r.truncated and scoring.zero_truncated,
+                        require_answer_tag=scoring.require_answer_tag,
                     ),
                 )
                 for r in group
@@ -89,14 +89,14 @@ async def sample_groups(
     backend: GenerationBackend,
     runner: ToolRunner,
     settings: RolloutSettings,
-    require_answer_tag: bool,
+    scoring: RewardConfig,
     dp: DataParallel = SINGLE,
 ) -> list[list[Scored]]:
     """``sample_and_score`` on every rank's engine (or rank 0's), the groups on every rank."""
 
     async def sample(chosen: Sequence[Problem]) -> list[list[Scored]]:
         return await sample_and_score(
-            chosen, per_problem, policy, backend, runner, settings, require_answer_tag
+            chosen, per_problem, policy, backend, runner, settings, scoring
         )
 
     if not dp.distributed:
@@ -206,7 +206,7 @@ async def rl_step(
         ctx.backend,
         tools,
         ctx.rollout,
-        config.reward.require_answer_tag,
+        config.reward,
         ctx.dp,
     )
     ctx.backend.offload()
