@@ -49,8 +49,9 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    train: str = "toy"  # JSONL/parquet of {problem, answer}; "toy": the shipped toy set
-    eval: str | None = None
+    # JSONL/parquet of {problem, answer} (or the release's rows); "toy": the shipped toy set
+    train: str = "toy"
+    eval: str | None = None  # held-out problems for the `eval` section; "toy-heldout" for toy
     shuffle: bool = True
 
 
