@@ -101,7 +101,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--config", help="training config: rollout and tool settings, model shape")
     parser.add_argument("--model", help="model directory (default: the config's model.path)")
     parser.add_argument(
-        "--data", default=TOY, help="JSONL/parquet of {problem, answer}; toy: shipped set"
+        "--data",
+        help="JSONL/parquet of {problem, answer}; toy: shipped set (default: the config's "
+        "data.eval, else toy)",
     )
     parser.add_argument("--k", type=int, default=4, help="samples per problem")
     parser.add_argument("--limit", type=int, help="evaluate the first N problems only")

@@ -175,3 +175,21 @@ def test_evaluation_while_training_logs_avg_at_k_and_leaves_training_alone(
 def test_evaluation_needs_held_out_problems() -> None:
     with pytest.raises(ValueError, match=r"data\.eval"):
         load_config(CONFIG, {"eval.every": 5})
+
+
+def test_the_evaluate_command_reads_data_eval_by_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainer.config import save_config
+    from trainer.evaluate import main as evaluate_main
+    from trainer.problems import write_problems
+
+    held = tmp_path / "held.jsonl"
+    write_problems(held, [Problem("What is 2 * 3 + 1?", "7", "a")])
+    config = load_config(CONFIG, {**MICRO, "data.eval": str(held), "sft.enabled": False})
+    save_config(config, tmp_path / "config.yaml")
+    evaluate_main(
+        ["--config", str(tmp_path / "config.yaml"), "--k", "2", "--sandbox-url", "subprocess"]
+    )
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (summary["problems"], summary["k"]) == (1.0, 2.0)
