@@ -49,8 +49,9 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    train: str = "toy"  # JSONL/parquet of {problem, answer}; "toy": the shipped toy set
-    eval: str | None = None
+    # JSONL/parquet of {problem, answer} (or the release's rows); "toy": the shipped toy set
+    train: str = "toy"
+    eval: str | None = None  # held-out problems for the `eval` section; "toy-heldout" for toy
     shuffle: bool = True
 
 
@@ -67,6 +68,7 @@ class RolloutConfig:
     # rounds: every rollout a turn, then all tool calls in one batch (reproducible on CPU);
     # static / balanced: each rollout at its own pace, tool calls sent as its turn ends, turns
     # on a fixed engine (static) or placed by free KV cache with prefix affinity (balanced).
+    # Under rounds, chunk_tokens, locality_wait_s and tool.batch_* are not used.
     scheduler: Literal["rounds", "static", "balanced"] = "rounds"
     chunk_tokens: int | None = 1024  # balanced: new tokens per request (trainer/placement.py)
     locality_wait_s: float = 2.0  # balanced: wait for the engine holding the prefix, then move
@@ -86,6 +88,9 @@ class RewardConfig:
     # reward only a \boxed{} inside <answer>...</answer> (the report); false: the last box
     # anywhere in the model's text (the release)
     require_answer_tag: bool = False
+    # a truncated rollout (length or turn limit) scores 0 (the report); false: its text is
+    # scored as it stands (the release)
+    zero_truncated: bool = True
 
 
 @dataclass(frozen=True)
@@ -129,14 +134,17 @@ RocVariant = Literal["sample", "release"]  # trainer/roc.py
 
 @dataclass(frozen=True)
 class RocConfig:
+    # false: keep G of the oversample * G rollouts uniformly at random (with oversample 1: all
+    # G, plain GRPO); the controls of docs/trainer.md
     enabled: bool = True
-    variant: RocVariant = "sample"
+    variant: RocVariant = "sample"  # sample: the report's rule; release: rStar's (trainer/roc.py)
     use_error_ratio: bool = True
     use_answer_format: bool = True
-    min_penalty: float = 1e-3
-    min_positives: int = 2
-    min_negatives: int = 2
-    drop_equal_reward: bool = True
+    min_penalty: float = 1e-3  # sample only: the floor under p_total (1 / p_total weights)
+    # per-class minimum counts kept when both classes exist (the release's script: 2 and 2)
+    min_positives: int = 1
+    min_negatives: int = 1
+    drop_equal_reward: bool = True  # groups whose rewards are all equal leave the step
 
 
 @dataclass(frozen=True)
@@ -215,6 +223,16 @@ class SftConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    """Evaluation while training: avg@k on ``data.eval`` (the release evaluates every 5 steps)."""
+
+    every: int = 0  # RL steps between evaluations (and one after the last step); 0: never
+    k: int = 4  # rollouts per problem: the pass rate is avg@k (the report's AIME: avg@16)
+    max_problems: int | None = None  # the first N problems of data.eval; None: all
+    temperature: float | None = None  # None: rollout.temperature
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     every: int = 50  # RL steps; 0: only at the end
     keep: int = 2  # newest checkpoints kept
@@ -243,6 +261,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     stages: tuple[StageConfig, ...] = (StageConfig(name="main", steps=100),)
     sft: SftConfig = field(default_factory=SftConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -257,6 +276,19 @@ class TrainConfig:
             raise ValueError("rollout.chunk_tokens: at least 1, or null for whole turns")
         if self.tool.batch_size < 1 or self.tool.batch_timeout_s < 0:
             raise ValueError("tool.batch_size: at least 1; tool.batch_timeout_s: not negative")
+        roc = self.roc
+        if min(roc.min_positives, roc.min_negatives) < 0 or (
+            roc.min_positives + roc.min_negatives > self.rollout.group_size
+        ):
+            raise ValueError("roc.min_positives + roc.min_negatives: at most rollout.group_size")
+        if roc.variant == "release" and roc.min_penalty != RocConfig.min_penalty:
+            raise ValueError("roc.min_penalty: the sample variant's; the release sorts")
+        if self.loss.kl_coef == 0 and any(stage.reset_reference for stage in self.stages):
+            raise ValueError("stages[].reset_reference: there is no reference with loss.kl_coef 0")
+        if self.eval.every < 0 or self.eval.k < 1:
+            raise ValueError("eval.every: not negative; eval.k: at least 1")
+        if self.eval.every and self.data.eval is None:
+            raise ValueError("eval.every: needs data.eval, the held-out problems")
 
     @property
     def total_steps(self) -> int:

@@ -28,12 +28,16 @@ from trainer.problems import Problem, load_problems
 from trainer.rollout import RolloutSettings, ToolRunner
 from trainer.step import Scored, rollout_metrics, rollout_settings, sample_groups
 from trainer.tool_runners import open_runner
-from trainer.toy_task import SHIPPED
+from trainer.toy_task import SHIPPED, heldout_problems
 
-TOY = "toy"
+TOY, TOY_HELDOUT = "toy", "toy-heldout"
 
 
 def problems_of(source: str) -> list[Problem]:
+    """The problems of a JSONL/parquet file; ``toy``: the shipped toy set; ``toy-heldout``: 64
+    toy problems outside it (evaluation while training on the toy task)."""
+    if source == TOY_HELDOUT:
+        return heldout_problems()
     return load_problems(SHIPPED if source == TOY else source)
 
 
@@ -61,10 +65,25 @@ async def correct_counts(
             backend,
             runner,
             settings,
-            config.reward.require_answer_tag,
+            config.reward,
             dp,
         )
     return [sum(s.reward > 0 for s in g) for g in groups], groups
+
+
+def eval_metrics(counts: Sequence[int], k: int, groups: list[list[Scored]]) -> dict[str, float]:
+    """``summary`` as the training metrics name it: ``eval_pass_rate`` is avg@k (the mean over
+    problems of correct / k), ``eval_pass_at_k`` the share solved at least once."""
+    s = summary(counts, k, groups)
+    calls = s["tool_calls"] / s["rollouts"] if s["rollouts"] else 0.0
+    return {
+        "eval_pass_rate": s["pass@1"],
+        "eval_pass_at_k": s["pass@k"],
+        "eval_k": float(k),
+        "eval_problems": s["problems"],
+        "eval_tool_calls_per_rollout": calls,
+        "eval_truncated_frac": s["truncated_frac"],
+    }
 
 
 def summary(counts: Sequence[int], k: int, groups: list[list[Scored]]) -> dict[str, float]:
@@ -82,7 +101,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--config", help="training config: rollout and tool settings, model shape")
     parser.add_argument("--model", help="model directory (default: the config's model.path)")
     parser.add_argument(
-        "--data", default=TOY, help="JSONL/parquet of {problem, answer}; toy: shipped set"
+        "--data",
+        help="JSONL/parquet of {problem, answer}; toy: shipped set (default: the config's "
+        "data.eval, else toy)",
     )
     parser.add_argument("--k", type=int, default=4, help="samples per problem")
     parser.add_argument("--limit", type=int, help="evaluate the first N problems only")

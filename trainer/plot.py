@@ -4,7 +4,8 @@
 
 One PNG per panel (``reward.png``, ``tool_calls.png``, ...) and ``curves.png`` with every panel,
 written to ``--output`` (default: the first run's ``plots/``), then a markdown table of each
-run's mean reward over its first and last fifth of steps. Each run is one colour; within a
+run's mean reward over its first and last fifth of steps and its first and last held-out
+pass rate (``eval.every``; nan without). Each run is one colour; within a
 panel, line styles tell its series apart (the reward of all rollouts and of those kept for the
 update; the time of generation, tool and update). A series a run did not log is left out.
 Needs matplotlib (``pip install 'sandbox-service[trainer]'``).
@@ -68,6 +69,12 @@ PANELS = (
         "tokens (model + tool)",
         (("", field("response_tokens_mean")),),
     ),
+    Panel(
+        "eval",
+        "held-out pass rate",
+        "pass rate",
+        (("avg@k", field("eval_pass_rate")), ("pass@k", field("eval_pass_at_k"))),
+    ),
     Panel("roc_kept", "RoC: rollouts kept", "rollouts", (("", field("roc_kept")),)),
     Panel("roc_dropped", "RoC: groups dropped", "groups", (("", field("roc_groups_dropped")),)),
     Panel("clip_frac", "clip fraction", "tokens clipped", (("", field("clip_frac")),)),
@@ -101,18 +108,21 @@ def read_run(directory: str | Path, label: str | None = None) -> Run:
 def reward_gain(run: Run) -> dict[str, float]:
     """Mean ``reward_mean`` of the first and of the last fifth of the steps (at least one each),
     the yardstick of ``configs/learn_cpu.yaml``, and the seconds the steps took."""
-    rewards = [float(line["reward_mean"]) for line in run.lines]
+    rewards = [float(line["reward_mean"]) for line in run.lines if "reward_mean" in line]
     n = max(1, len(rewards) // 5)
     first, last = sum(rewards[:n]) / n, sum(rewards[-n:]) / n
     seconds = sum(
         line.get("time_rollout_s", 0.0) + line.get("time_update_s", 0.0) for line in run.lines
     )
+    evals = [float(line["eval_pass_rate"]) for line in run.lines if "eval_pass_rate" in line]
     return {
         "steps": len(rewards),
         "reward_first": first,
         "reward_last": last,
         "gain": last - first,
         "step_seconds": seconds,
+        "eval_first": evals[0] if evals else float("nan"),
+        "eval_last": evals[-1] if evals else float("nan"),
     }
 
 
@@ -187,13 +197,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs = [read_run(d, labels[i] if labels else None) for i, d in enumerate(args.runs)]
     for path in plot_runs(runs, args.output or Path(args.runs[0]) / "plots", args.dpi):
         print(path)
-    print("| run | steps | reward, first fifth | reward, last fifth | gain | step time (s) |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        "| run | steps | reward, first fifth | reward, last fifth | gain | held-out avg@k,"
+        " first → last evaluation | step time (s) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for run in runs:
         g = reward_gain(run)
         print(
             f"| {run.label} | {g['steps']:.0f} | {g['reward_first']:.3f} | {g['reward_last']:.3f}"
-            f" | {g['gain']:+.3f} | {g['step_seconds']:.0f} |"
+            f" | {g['gain']:+.3f} | {g['eval_first']:.3f} → {g['eval_last']:.3f}"
+            f" | {g['step_seconds']:.0f} |"
         )
 
 

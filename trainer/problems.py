@@ -21,18 +21,31 @@ class Problem:
 
 def load_problems(path: str | Path) -> list[Problem]:
     """Rows with ``problem`` and ``answer`` (any other columns are ignored) from ``.jsonl``,
-    ``.json`` (a list) or ``.parquet`` (which needs pyarrow). A row without an id gets its index.
+    ``.json`` (a list) or ``.parquet`` (which needs pyarrow), or rows as the release's
+    ``data_preprocess`` scripts write them (``prompt``: one user message, ``reward_model``:
+    ``{"ground_truth": ...}``, ``extra_info.index``). A row without an id gets its index.
     """
     path = Path(path)
     rows = read_rows(path)
     problems = []
     for i, row in enumerate(rows):
+        if "problem" not in row and "reward_model" in row and "prompt" in row:
+            row = release_row(row)
         if "problem" not in row or "answer" not in row:
             raise ValueError(f"{path}: row {i} lacks 'problem' or 'answer' (has {sorted(row)})")
         problems.append(Problem(str(row["problem"]), str(row["answer"]), str(row.get("id", i))))
     if not problems:
         raise ValueError(f"{path}: no problems")
     return problems
+
+
+def release_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A row of the release's parquet files as ``{problem, answer, id}``: the user message's
+    content (the chat template adds the answer-format instruction around it, as ours does)."""
+    [message] = [m for m in row["prompt"] if m["role"] == "user"]
+    out = {"problem": message["content"], "answer": row["reward_model"]["ground_truth"]}
+    index = (row.get("extra_info") or {}).get("index")
+    return out if index is None else {**out, "id": index}
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:

@@ -2,9 +2,10 @@
 
 Verification is ``sandbox_service.math_answer`` (math-verify), the code behind the service's
 ``/v1/verify``. Two rules on top, both from the report: a truncated rollout (length or turn
-limit) scores 0 whatever it wrote; and only the model's own text is read, never a tool
-response, so a program that prints ``\\boxed{42}`` earns nothing (the release decodes the whole
-response, tool output included).
+limit) scores 0 whatever it wrote (the caller passes ``truncated=False`` under
+``reward.zero_truncated: false``, the release's rule); and only the model's own text is
+read, never a tool response, so a program that prints ``\\boxed{42}`` earns nothing (the
+release decodes the whole response, tool output included).
 """
 
 from __future__ import annotations

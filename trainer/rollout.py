@@ -79,6 +79,7 @@ class Rollout:
     loss_mask: list[int] = field(default_factory=list)  # per response token: 1 model, 0 tool
     logprobs: list[float] = field(default_factory=list)  # sampling logprobs; 0.0 on tool tokens
     model_turns: list[str] = field(default_factory=list)  # decoded text of each model turn
+    tool_turns: list[str] = field(default_factory=list)  # the text of each tool turn
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
@@ -92,6 +93,12 @@ class Rollout:
     def model_text(self) -> str:
         return "".join(self.model_turns)
 
+    @property
+    def response_text(self) -> str:
+        """The response as text, model and tool turns in order (what the release decodes)."""
+        tools = [*self.tool_turns, *[""] * (len(self.model_turns) - len(self.tool_turns))]
+        return "".join(m + t for m, t in zip(self.model_turns, tools, strict=True))
+
     def roc_sample(self, reward: float) -> RocSample:
         tags = answer_tags(self.model_text)
         return RocSample(
@@ -101,6 +108,7 @@ class Rollout:
             answers=tags.closed,
             answer_tags_balanced=tags.balanced,
             turns=self.turns,
+            response_text=self.response_text,
         )
 
     def add_tokens(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
@@ -217,8 +225,10 @@ def _append_tool_turn(
             rollout.tool_errors += is_tool_error(result)
         rollout.tool_calls += 1
     texts = [truncate(t, settings.max_tool_response_chars, settings.truncate_side) for t in texts]
-    ids = tokenizer.encode(tool_turn_text(texts, settings.prompt_style), add_special_tokens=False)
+    text = tool_turn_text(texts, settings.prompt_style)
+    ids = tokenizer.encode(text, add_special_tokens=False)
     if len(rollout.response_ids) + len(ids) >= settings.max_response_tokens:
         rollout.finish = "length"  # no room left to read the response and answer
         return
     rollout.add_tokens(ids, None)
+    rollout.tool_turns.append(text)

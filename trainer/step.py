@@ -22,7 +22,7 @@ import torch
 from sandbox_service.models import Mode
 from trainer.backends.base import GenerationBackend
 from trainer.chat import prompt_text
-from trainer.config import RocConfig, TrainConfig
+from trainer.config import RewardConfig, TrainConfig
 from trainer.grpo import group_advantages
 from trainer.modeling import Policy
 from trainer.parallel import SINGLE, DataParallel
@@ -55,7 +55,7 @@ async def sample_and_score(
     backend: GenerationBackend,
     runner: ToolRunner,
     settings: RolloutSettings,
-    require_answer_tag: bool,
+    scoring: RewardConfig,
 ) -> list[list[Scored]]:
     """``per_problem`` scored rollouts of each problem, grouped by problem."""
     prompts = [
@@ -72,8 +72,8 @@ async def sample_and_score(
                     reward(
                         r.model_text,
                         problem.answer,
-                        truncated=r.truncated,
-                        require_answer_tag=require_answer_tag,
+                        truncated=r.truncated and scoring.zero_truncated,
+                        require_answer_tag=scoring.require_answer_tag,
                     ),
                 )
                 for r in group
@@ -89,14 +89,14 @@ async def sample_groups(
     backend: GenerationBackend,
     runner: ToolRunner,
     settings: RolloutSettings,
-    require_answer_tag: bool,
+    scoring: RewardConfig,
     dp: DataParallel = SINGLE,
 ) -> list[list[Scored]]:
     """``sample_and_score`` on every rank's engine (or rank 0's), the groups on every rank."""
 
     async def sample(chosen: Sequence[Problem]) -> list[list[Scored]]:
         return await sample_and_score(
-            chosen, per_problem, policy, backend, runner, settings, require_answer_tag
+            chosen, per_problem, policy, backend, runner, settings, scoring
         )
 
     if not dp.distributed:
@@ -138,13 +138,14 @@ def scheduler_settings(config: TrainConfig) -> SchedulerSettings | None:
 def select(
     groups: list[list[Scored]], config: TrainConfig, rng: random.Random
 ) -> tuple[list[list[Scored]], dict[str, float]]:
-    """RoC (or, with it off, all rollouts; all-equal groups still dropped when asked)."""
-    settings, keep = config.roc, config.rollout.group_size
-    if not config.roc.enabled:  # keep all, drop only all-equal groups when asked
-        settings = RocConfig(drop_equal_reward=settings.drop_equal_reward)
-        keep = max(len(g) for g in groups)
+    """G of each group: by RoC, or with it off uniformly at random (all-equal groups dropped
+    when asked). The controls: RoC off with ``oversample: 1`` is GRPO on G rollouts; with
+    ``oversample: 2``, 2G sampled and G kept at random; RoC on, G kept by RoC."""
     outcome = resample_on_correct(
-        [[s.rollout.roc_sample(s.reward) for s in g] for g in groups], settings, keep, rng
+        [[s.rollout.roc_sample(s.reward) for s in g] for g in groups],
+        config.roc,
+        config.rollout.group_size,
+        rng,
     )
     kept = [[group[i] for i in idx] for group, idx in zip(groups, outcome.kept, strict=True) if idx]
     return kept, outcome.metrics
@@ -205,7 +206,7 @@ async def rl_step(
         ctx.backend,
         tools,
         ctx.rollout,
-        config.reward.require_answer_tag,
+        config.reward,
         ctx.dp,
     )
     ctx.backend.offload()

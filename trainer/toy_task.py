@@ -38,6 +38,17 @@ def toy_problems(count: int, seed: int) -> list[Problem]:
     return problems
 
 
+HELDOUT_SEED, HELDOUT_COUNT = 4321, 64
+
+
+def heldout_problems(count: int = HELDOUT_COUNT) -> list[Problem]:
+    """Toy problems for evaluation while training: generated from another seed, none of them
+    in the shipped training set."""
+    train = {p.problem for p in toy_problems(SHIPPED_COUNT, SHIPPED_SEED)}
+    fresh = [p for p in toy_problems(count * 2, HELDOUT_SEED) if p.problem not in train]
+    return [Problem(p.problem, p.answer, f"toy-heldout-{i}") for i, p in enumerate(fresh[:count])]
+
+
 def _evaluate(expression: str) -> int:
     """The value of one of our own FORMS (never model text): ``a op b op c`` with * before +/-."""
     a, op1, b, op2, c = expression.split()

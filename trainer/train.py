@@ -22,7 +22,9 @@ import contextlib
 import copy
 import json
 import random
+import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,7 @@ from trainer.backends.base import GenerationBackend
 from trainer.backends.hf import HFBackend
 from trainer.checkpoint import TrainState, latest_checkpoint, load_training_state, save_checkpoint
 from trainer.config import StageConfig, TrainConfig, load_config, save_config
-from trainer.evaluate import correct_counts, problems_of
+from trainer.evaluate import correct_counts, eval_metrics, problems_of
 from trainer.modeling import Policy, load_policy
 from trainer.optim import build_optimizer, reset_optimizer_state
 from trainer.parallel import SINGLE, DataParallel
@@ -140,6 +142,11 @@ class Trainer:
                 checkpoint, self.optimizer, self.schedule, self.rng, load_optimizer
             )
         self.problems = problems_of(config.data.train)
+        self.eval_problems = (
+            problems_of(config.data.eval)[: config.eval.max_problems]
+            if config.eval.every and config.data.eval
+            else []
+        )
         self.reference: Policy | None = None
         if checkpoint is not None and (checkpoint / "reference").is_dir():
             self.reference = load_policy(config.model, checkpoint / "reference")
@@ -192,6 +199,11 @@ class Trainer:
         # handler would see its engine die and log it as a failure).
         log = MetricsLog(self.output, config, enabled=self.writer)
         with contextlib.closing(backend), bar, log:
+            if config.eval.every and state.step == 0:  # the starting point, before any update
+                stage = config.stages[state.stage]
+                log.write(
+                    {"step": 0, "stage": stage.name, **await self.evaluate(stage, runner, backend)}
+                )
             while state.stage < len(config.stages) and (
                 max_steps is None or len(history) < max_steps
             ):
@@ -206,6 +218,25 @@ class Trainer:
         if history and (config.checkpoint.every == 0 or state.step % config.checkpoint.every):
             self.save()
         return history
+
+    async def evaluate(
+        self, stage: StageConfig, runner: ToolRunner, backend: GenerationBackend
+    ) -> dict[str, float]:
+        """avg@k of the policy as it is now on the held-out problems (``eval``), with the
+        stage's rollout settings. Its sampling draws from a fork of torch's generator, so a run
+        trains alike with evaluation on or off (with the transformers backend)."""
+        config, start = self.config, time.monotonic()
+        settings = stage_rollout_settings(config, stage)
+        if config.eval.temperature is not None:
+            settings = replace(settings, temperature=config.eval.temperature)
+        with torch.random.fork_rng(devices=[]):
+            counts, groups = await correct_counts(
+                self.eval_problems, config.eval.k, self.policy, runner, settings, config, backend
+            )
+        return {
+            **eval_metrics(counts, config.eval.k, groups),
+            "eval_time_s": time.monotonic() - start,
+        }
 
     def enter_stage(self, stage: StageConfig) -> None:
         """The stage change, done once when the previous stage's last step is behind us (a run
@@ -261,6 +292,9 @@ class Trainer:
                 sampler.state_dict(),
             )
             line = {"step": state.step, "stage": stage.name, "lr": lr, **metrics}
+            every = config.eval.every
+            if every and (state.step % every == 0 or state.step == config.total_steps):
+                line.update(await self.evaluate(stage, runner, backend))
             log.write(line)
             history.append(line)
             bar.update(1)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trainer.plot import PANELS, draw, main, read_run, reward_gain
+from trainer.plot import PANELS, draw, field, main, points, read_run, reward_gain
 
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
@@ -94,13 +94,20 @@ def test_runs_are_overlaid_and_a_series_a_run_lacks_is_left_out(tmp_path: Path) 
 
 def test_the_command_writes_every_panel_as_png(tmp_path: Path, capsys: Any) -> None:
     a = write_run(tmp_path / "a", steps=6)
+    # evaluations: a line of its own before the first step, then within steps 3 and 6
+    lines = [json.loads(line) for line in (a / "metrics.jsonl").read_text().splitlines()]
+    lines[2].update(eval_pass_rate=0.5, eval_pass_at_k=0.8)
+    lines[5].update(eval_pass_rate=0.7, eval_pass_at_k=0.9)
+    start = {"step": 0, "stage": "learn", "eval_pass_rate": 0.2, "eval_pass_at_k": 0.4}
+    (a / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in [start, *lines]) + "\n")
+    assert points(read_run(a), field("eval_pass_rate")) == ([0, 3, 6], [0.2, 0.5, 0.7])
     b = write_run(tmp_path / "b", steps=6)
     main([str(a), str(b), "--output", str(tmp_path / "plots"), "--label", "roc", "--label", "off"])
     out = capsys.readouterr().out.splitlines()
     written = [line for line in out if line.endswith(".png")]
     # rewards 0.1 ... 0.6: the first and last fifth of 6 steps are one step each
-    assert "| roc | 6 | 0.100 | 0.600 | +0.500 | 24 |" in out
-    assert "| off | 6 | 0.100 | 0.600 | +0.500 | 24 |" in out
+    assert "| roc | 6 | 0.100 | 0.600 | +0.500 | 0.200 → 0.700 | 24 |" in out
+    assert "| off | 6 | 0.100 | 0.600 | +0.500 | nan → nan | 24 |" in out
     assert sorted(Path(p).name for p in written) == sorted(
         [f"{p.name}.png" for p in PANELS] + ["curves.png"]
     )

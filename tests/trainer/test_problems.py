@@ -57,3 +57,26 @@ def test_hard_filter_drops_only_always_solved_problems() -> None:
     assert [p.id for p in kept] == ["1", "2"]
     with pytest.raises(ValueError):
         hard_problems(problems, correct=[1], samples=16)
+
+
+def test_rows_in_the_release_format_are_read(tmp_path: Path) -> None:
+    # As data_preprocess/dapo_rstar2_agent_loop.py writes them (parquet there; the same rows).
+    row = {
+        "data_source": "rstar_open-r1/DAPO-Math-17k-Processed",
+        "agent_name": "rstar2_agent",
+        "prompt": [{"role": "user", "content": "What is 2 + 2?"}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": "4"},
+        "extra_info": {"split": "train", "index": 7},
+    }
+    path = tmp_path / "release.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    assert load_problems(path) == [Problem("What is 2 + 2?", "4", "7")]
+
+
+def test_held_out_toy_problems_are_outside_the_training_set() -> None:
+    from trainer.toy_task import heldout_problems
+
+    held = heldout_problems()
+    assert len(held) == 64
+    assert not {p.problem for p in held} & {p.problem for p in load_problems(SHIPPED)}

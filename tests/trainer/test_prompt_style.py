@@ -23,7 +23,7 @@ from trainer.chat import (
     prompt_text,
     tool_turn_text,
 )
-from trainer.config import load_config
+from trainer.config import RewardConfig, load_config
 from trainer.modeling import Policy
 from trainer.problems import Problem
 from trainer.rollout import RolloutSettings
@@ -61,7 +61,13 @@ def score(
     backend = ScriptedBackend(policy.tokenizer, script)
     return asyncio.run(
         sample_and_score(
-            problems, 1, policy, backend, SubprocessRunner(), settings, require_answer_tag
+            problems,
+            1,
+            policy,
+            backend,
+            SubprocessRunner(),
+            settings,
+            RewardConfig(require_answer_tag=require_answer_tag),
         )
     )
 
@@ -163,3 +169,28 @@ def test_the_recipe_uses_the_release_prompt_and_the_reports_answer_rule() -> Non
     assert config.reward.require_answer_tag
     tiny = load_config(CONFIGS / "tiny_cpu.yaml")
     assert tiny.prompt.style == "plain"
+
+
+def test_truncated_rollouts_score_zero_unless_zero_truncated_is_off(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    # A right answer in a turn that still calls the tool at the turn limit: the report's rule
+    # scores 0; the release's scores the text.
+    [problem] = toy_problems(1, seed=9)
+    policy = tiny_policy(tokenizer)
+    text = f"<answer>\\boxed{{{problem.answer}}}</answer>" + format_tool_call("print(1)")
+    settings = RolloutSettings(max_turns=1, max_response_tokens=400)
+    backend = ScriptedBackend(policy.tokenizer, lambda transcript, turn: text)
+    for zero, expected in ((True, 0.0), (False, 1.0)):
+        [[scored]] = asyncio.run(
+            sample_and_score(
+                [problem],
+                1,
+                policy,
+                backend,
+                SubprocessRunner(),
+                settings,
+                RewardConfig(zero_truncated=zero),
+            )
+        )
+        assert scored.rollout.finish == "max_turns" and scored.reward == expected

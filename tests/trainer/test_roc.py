@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 
 import pytest
 
+from trainer.chat import EOS, tool_turn_text
 from trainer.config import RocConfig
 from trainer.roc import (
     RocSample,
@@ -14,9 +16,13 @@ from trainer.roc import (
     p_err,
     p_format,
     penalty,
+    release_p_err,
+    release_p_format,
     resample_on_correct,
     select_group,
+    select_uniform,
 )
+from trainer.tools import format_tool_call
 
 
 def sample(
@@ -143,9 +149,102 @@ def test_zero_penalty_rollouts_dominate_through_the_floor() -> None:
     assert sum(0 in (k or []) for k in picks) > 1990
 
 
+def release_error_ratio(text: str) -> float:
+    """rStar's ``calc_error_ratio_penalty_weights.error_ratio`` (commit ecbfb94), transcribed."""
+    matches = re.findall(r"<tool_response>.*?</tool_response>", text, re.DOTALL)
+    error_count = len([match for match in matches if "error" in match.lower()])
+    if len(matches) == 0:
+        return 0.5
+    return error_count / len(matches)
+
+
+def release_answer_tag_repetition(text: str) -> float:
+    """rStar's ``calc_format_penalty_weights.answer_tag_repetition`` (commit ecbfb94)."""
+    answer_tags = ["<answer>", "</answer>"]
+    if any(ans_tag not in text for ans_tag in answer_tags):
+        return 1.0
+    answer_tags_count = [text.count(ans_tag) for ans_tag in answer_tags]
+    closed_ans_tag_count = len(re.findall(r"<answer>.*?</answer>", text, re.DOTALL))
+    if any(ans_tag_count != closed_ans_tag_count for ans_tag_count in answer_tags_count):
+        return 1.0
+    matches = re.findall(r"<\|im_start\|>assistant.*?<\|im_end\|>", text, re.DOTALL)
+    num_turns = len(matches)
+    if num_turns == 0:
+        return 1.0
+    return min((closed_ans_tag_count - 1) / num_turns, 1.0)
+
+
+RESPONSES = (
+    "Tool call success\nstdout: 42",
+    "Tool call failure\nreason: timeout",
+    "Tool call success\nstderr: Traceback ...\nZeroDivisionError: division by zero",
+    "Failed to decode tool call: invalid JSON (Expecting value)",
+    "Tool call success\nstdout: ERROR is a word",
+    "Tool call success\nstdout: <answer>7</answer>",
+)
+
+
+def response_text(rng: random.Random, turns: int) -> str:
+    """A response as the rollout loop writes one (``Rollout.response_text``): ``turns`` model
+    turns, every one but the last ending in calls answered by a tool turn, answers and stray
+    tags anywhere, the last turn closed by the model or not (truncated)."""
+    pieces = []
+    for turn in range(turns):
+        model = "".join(
+            rng.choice(("step ", "<answer>\\boxed{1}</answer>", "<answer>", "</answer>", ""))
+            for _ in range(rng.randint(0, 3))
+        )
+        if turn < turns - 1:
+            calls = rng.randint(1, 2)
+            model += format_tool_call("print(1)") * calls
+            pieces += [model, tool_turn_text([rng.choice(RESPONSES) for _ in range(calls)])]
+        else:
+            pieces.append(model + rng.choice((EOS, "")))
+    return "".join(pieces)
+
+
+def test_release_penalties_match_the_release_code() -> None:
+    rng = random.Random(11)
+    for _ in range(3000):
+        text = response_text(rng, rng.randint(1, 5))
+        assert release_p_err(text) == release_error_ratio(text)
+        assert release_p_format(text) == release_answer_tag_repetition(text)
+
+
+def test_release_penalties_on_the_issues_cases() -> None:
+    # One turn, no tool, one answer: no complete turn in the response (its opening is in the
+    # prompt), so p_format 1; with p_err 0.5, p_total 1.5 (the report's rule: 0.5).
+    one_turn = f"<answer>\\boxed{{3}}</answer>{EOS}"
+    assert (release_p_err(one_turn), release_p_format(one_turn)) == (0.5, 1.0)
+    both = RocConfig(variant="release")
+    assert penalty(RocSample(1.0, 0, 0, 1, True, 1, one_turn), both) == 1.5
+    assert penalty(sample(1.0, calls=0, answers=1, turns=1), RocConfig()) == 0.5
+    # A malformed call: the response names no "error", so p_err 0 (ours: 1).
+    malformed = (
+        "<tool_call>{}</tool_call>"
+        + tool_turn_text(["Failed to decode tool call: expected a name"])
+        + f"<answer>\\boxed{{3}}</answer>{EOS}"
+    )
+    assert release_p_err(malformed) == 0.0
+    assert release_p_format(malformed) == 0.0  # one complete turn, one answer
+    # Printing the word is an error to the release; a tool turn's <answer> counts too.
+    printed = "<tool_call>{}</tool_call>" + tool_turn_text(["stdout: error <answer>1</answer>"])
+    assert release_p_err(printed + EOS) == 1.0
+    assert release_p_format(printed + f"<answer>\\boxed{{1}}</answer>{EOS}") == 1.0  # (2-1)/1
+
+
+def release_sample(reward: float, text: str) -> RocSample:
+    return RocSample(reward, 0, 0, 0, True, 0, response_text=text)
+
+
 def test_release_variant_takes_clean_positives_and_negatives_in_generation_order() -> None:
-    pens = [sample(1.0, calls=4, errors=e) for e in (3, 0, 2, 1)]  # p_err 0.75, 0, 0.5, 0.25
-    negs = [sample(0.0, calls=4, errors=e) for e in (4, 0, 1, 2)]  # p_err 1, 0, 0.25, 0.5
+    # p_err 0.75, 0, 0.5, 0.25 (of four responses), as the release counts them.
+    def text(errors: int) -> str:
+        responses = ["Error"] * errors + ["ok"] * (4 - errors)
+        return "<tool_call>{}</tool_call>" + tool_turn_text(responses) + "<answer>1</answer>" + EOS
+
+    pens = [release_sample(1.0, text(e)) for e in (3, 0, 2, 1)]
+    negs = [release_sample(0.0, text(e)) for e in (4, 0, 1, 2)]
     group = pens + negs
     settings, keep = RocConfig(variant="release", min_positives=1, min_negatives=1), 4
     kept = select_group(group, settings, keep, random.Random(0))
@@ -158,7 +257,7 @@ def test_release_variant_takes_clean_positives_and_negatives_in_generation_order
 def release_choices(
     rewards: list[float], penalties: list[float], keep: int, min_pos: int, min_neg: int
 ) -> list[int] | None:
-    """rStar's ``resample_of_correct`` for one uid at commit 5e95b19, transcribed line by line
+    """rStar's ``resample_of_correct`` for one uid at commit ecbfb94, transcribed line by line
     (numpy and DataProto taken out); None where it keeps the whole group."""
     indices = list(range(len(rewards)))
     zero = [(i, p) for i, r, p in zip(indices, rewards, penalties, strict=True) if r <= 0]
@@ -179,30 +278,24 @@ def release_choices(
     return sorted(choices)
 
 
-def test_release_variant_matches_the_release_code_on_random_groups() -> None:
-    rng = random.Random(5)
-    settings, keep = RocConfig(variant="release", drop_equal_reward=False), 16
-    for _ in range(2000):
+@pytest.mark.parametrize("minimum", [1, 2, 4])
+def test_release_variant_matches_the_release_code_on_random_groups(minimum: int) -> None:
+    rng = random.Random(5 + minimum)
+    settings = RocConfig(
+        variant="release", drop_equal_reward=False, min_positives=minimum, min_negatives=minimum
+    )
+    for _ in range(500):
+        p_right = rng.choice((0.05, 0.4, 0.9))
         group = [
-            sample(
-                float(rng.random() < 0.4),
-                calls=rng.randint(0, 4),
-                errors=0,
-                answers=rng.randint(0, 3),
-                turns=rng.randint(1, 5),
-            )
+            release_sample(float(rng.random() < p_right), response_text(rng, rng.randint(1, 4)))
             for _ in range(32)
         ]
-        group = [
-            RocSample(
-                s.reward, s.tool_calls, rng.randint(0, s.tool_calls), s.answers, True, s.turns
-            )
+        penalties = [
+            release_error_ratio(s.response_text) + release_answer_tag_repetition(s.response_text)
             for s in group
         ]
-        expected = release_choices(
-            [s.reward for s in group], [penalty(s, settings) for s in group], 16, 2, 2
-        )
-        kept = select_group(group, settings, keep, random.Random(0))
+        expected = release_choices([s.reward for s in group], penalties, 16, minimum, minimum)
+        kept = select_group(group, settings, 16, random.Random(0))
         assert kept == (expected if expected is not None else list(range(32)))
 
 
@@ -212,6 +305,32 @@ def test_release_variant_minimum_counts() -> None:
     kept = select_group(group, settings, keep, random.Random(0))
     assert kept is not None and len(kept) == 16
     assert sum(group[i].reward > 0 for i in kept) == 2  # round(1.0) = 1 raised to the minimum
+
+
+def test_sample_variant_minimum_counts() -> None:
+    # 3 positives of 32, keep 16: the share rounds to 2 (1.5 half up); a minimum of 3 keeps all.
+    group = [sample(1.0)] * 3 + [sample(0.0)] * 29
+    for minimum, positives in ((1, 2), (3, 3)):
+        settings = RocConfig(min_positives=minimum, min_negatives=minimum)
+        kept = select_group(group, settings, 16, random.Random(0))
+        assert kept is not None and sum(group[i].reward > 0 for i in kept) == positives
+
+
+def test_uniform_control_keeps_g_blind_to_penalties() -> None:
+    # RoC off: G of 2G at random, clean or not; with exactly G sampled, all of them (GRPO).
+    clean = [sample(1.0, errors=0)] * 4
+    messy = [sample(1.0, errors=2, answers=0)] * 4
+    group = clean + messy + [sample(0.0)] * 8
+    off = RocConfig(enabled=False)
+    rng = random.Random(3)
+    picks = [select_uniform(group, off, 8, rng) for _ in range(4000)]
+    assert all(k is not None and len(k) == len(set(k)) == 8 for k in picks)
+    counts = [sum(i in (k or []) for k in picks) / len(picks) for i in range(16)]
+    assert counts == pytest.approx([0.5] * 16, abs=0.04)  # messy positives as often as clean
+    assert select_uniform(group[:8] + group[8:16], off, 16, rng) == list(range(16))
+    assert select_uniform([sample(1.0)] * 4, off, 2, rng) is None
+    outcome = resample_on_correct([group], off, 8, random.Random(0))
+    assert outcome.metrics["roc_kept"] == 8
 
 
 def test_resample_on_correct_reports_what_it_did() -> None:

@@ -11,7 +11,7 @@ from sandbox_service.models import ExecuteRequest, ExecuteResult
 from trainer.backends.scripted import Script, ScriptedBackend
 from trainer.chat import EOS, prompt_text, tool_turn_text
 from trainer.reward import reward
-from trainer.roc import p_err, p_format
+from trainer.roc import p_err, p_format, release_p_err, release_p_format
 from trainer.rollout import Rollout, RolloutSettings, generate_rollouts
 from trainer.tool_runners import SubprocessRunner
 from trainer.tools import format_tool_call, user_prompt
@@ -122,6 +122,38 @@ def test_repeated_answers_raise_p_format(tokenizer: PreTrainedTokenizerFast) -> 
     assert p_format(sample) == 1.0  # min(1, (3 - 1) / 2)
     [plain], _, _ = roll(tokenizer, script_of(f"no tags, \\boxed{{1}}{EOS}"), ["q"])
     assert p_format(plain.roc_sample(1.0)) == 1.0 and p_err(plain.roc_sample(1.0)) == 0.5
+
+
+def test_response_text_is_the_decoded_response_and_scores_as_the_release_scores_it(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    # The two cases, on the real loop: a correct one-turn answer without the tool has
+    # release p_format 1 (its turn's opening is in the prompt: no complete turn in the
+    # response), ours 0; a malformed call's response has no "error" in it: release p_err 0,
+    # ours 1.
+    [direct], _, _ = roll(tokenizer, script_of(f"<answer>\\boxed{{1}}</answer>{EOS}"), ["q"])
+    [malformed], _, _ = roll(
+        tokenizer,
+        script_of(
+            '<tool_call>{"name": "python_code_with_standard_io"}</tool_call>',
+            f"<answer>\\boxed{{1}}</answer>{EOS}",
+        ),
+        ["q"],
+    )
+    for rollout in (direct, malformed):
+        text = rollout.response_text
+        assert text == tokenizer.decode(rollout.response_ids, skip_special_tokens=False)
+    one_turn = direct.roc_sample(1.0)
+    assert (release_p_err(one_turn.response_text), release_p_format(one_turn.response_text)) == (
+        0.5,
+        1.0,
+    )
+    assert (p_err(one_turn), p_format(one_turn)) == (0.5, 0.0)
+    bad_call = malformed.roc_sample(1.0)
+    assert "Failed to decode tool call" in bad_call.response_text
+    assert release_p_err(bad_call.response_text) == 0.0 and p_err(bad_call) == 1.0
+    # Two turns: one complete turn in the response, one answer: (1 - 1) / 1.
+    assert release_p_format(bad_call.response_text) == 0.0
 
 
 def test_max_turns_truncates_a_rollout_that_keeps_calling(

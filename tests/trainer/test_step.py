@@ -69,13 +69,29 @@ def test_groups_without_contrast_give_no_samples() -> None:
     assert all(s.token_ids[0] >= 20 for s in to_samples(kept))
 
 
-def test_roc_off_keeps_all_2g_and_normalises_over_them() -> None:
+def test_roc_off_keeps_g_of_2g_at_random_and_normalises_over_them() -> None:
+    # The control "2G sampled, G kept uniformly at random": as many rollouts as RoC keeps.
     group = [scored(1.0, tag=i) for i in range(6)] + [scored(0.0, tag=10 + i) for i in range(2)]
-    kept, _ = select([group], config(roc=False), random.Random(0))
-    assert [len(g) for g in kept] == [8]
-    advantages = {s.reward: a.advantage for s, a in zip(kept[0], to_samples(kept), strict=True)}
-    std = statistics.stdev([1.0] * 6 + [0.0] * 2)
-    assert advantages[0.0] == pytest.approx(-0.75 / std, abs=1e-5)
+    seen = set()
+    for seed in range(30):
+        kept, metrics = select([group], config(roc=False), random.Random(seed))
+        assert [len(g) for g in kept] == [4] and metrics["roc_kept"] == 4
+        seen.add(tuple(sorted(s.rollout.prompt_ids[0] for s in kept[0])))
+        rewards = [s.reward for s in kept[0]]
+        advantages = [a.advantage for a in to_samples(kept)]
+        mean, std = statistics.mean(rewards), statistics.stdev(rewards)
+        # (four drawn all right: no contrast left, every advantage 0)
+        expected = [(r - mean) / std if std else 0.0 for r in rewards]
+        assert advantages == pytest.approx(expected, abs=1e-4)
+    assert len(seen) > 5  # drawn, not chosen
+
+
+def test_grpo_control_keeps_all_g_sampled() -> None:
+    # RoC off with oversample 1: G sampled, G kept, GRPO.
+    grpo = load_config(None, {"rollout": {"group_size": 4, "oversample": 1}, "roc.enabled": False})
+    group = [scored(1.0, tag=1), scored(0.0, tag=2), scored(1.0, tag=3), scored(0.0, tag=4)]
+    kept, _ = select([group], grpo, random.Random(0))
+    assert [s.rollout.prompt_ids[0] for s in kept[0]] == [1, 2, 3, 4]
 
 
 def test_roc_prefers_the_clean_positives() -> None:

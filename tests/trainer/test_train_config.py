@@ -36,8 +36,10 @@ def test_the_recipe_config_has_the_reports_numbers() -> None:
     assert [(s.reset_optimizer, s.reset_reference) for s in config.stages] == [
         (False, False),
         (False, False),
-        (True, True),
+        (True, False),  # no KL term, so no reference to reset
     ]
+    assert config.rollout.scheduler == "balanced"
+    assert (config.eval.every, config.eval.k) == (5, 16)
 
 
 def test_defaults_are_the_reports() -> None:
@@ -80,3 +82,50 @@ def test_overrides_and_yaml_number_forms(tmp_path: Path) -> None:
     assert config.optim.lr == 1e-6  # YAML reads "1e-6" as a string; the float field accepts it
     assert config.loss.dual_clip_c == 3.0 and isinstance(config.loss.dual_clip_c, float)
     assert config.optim.mini_batches == 4 and config.tool.sandbox_url == "http://x"
+
+
+RELEASE_SCRIPT = {  # examples/run_qwen3-14b_rstar2_agent_weave.sh at ecbfb94, the lines cited
+    "train_batch_size": 128,  # L19
+    "max_response_length": 8192,  # L21
+    "lr": 1e-6,  # L26
+    "lr_warmup_steps": 20,  # L27
+    "ppo_max_token_len_per_gpu": 20480,  # L31
+    "clip_ratio": (0.2, 0.28),  # L36-37
+    "n": 32,  # L45
+    "min_trace_num": (2, 2),  # L56-57
+    "down_sample_to_n": 16,  # L58
+    "test_freq": 5,  # L67
+    "total_training_steps": 200,  # L68
+    "max_assistant_turns": 5,  # rstar2_agent_trainer.yaml L22
+}
+
+
+def test_release_profile_is_the_release_script() -> None:
+    config = load_config(CONFIGS / "rstar2_agent_release.yaml")
+    r, s = config.rollout, RELEASE_SCRIPT
+    assert r.prompts_per_step == s["train_batch_size"]
+    assert r.max_response_tokens == s["max_response_length"]
+    assert (config.optim.lr, config.optim.warmup_steps) == (s["lr"], s["lr_warmup_steps"])
+    assert config.optim.micro_batch_tokens == s["ppo_max_token_len_per_gpu"]
+    assert (config.loss.eps_low, config.loss.eps_high) == s["clip_ratio"]
+    assert r.group_size * r.oversample == s["n"] and r.group_size == s["down_sample_to_n"]
+    assert (config.roc.min_negatives, config.roc.min_positives) == s["min_trace_num"]
+    assert config.eval.every == s["test_freq"]
+    assert config.total_steps == s["total_training_steps"] and len(config.stages) == 1
+    assert r.max_turns == s["max_assistant_turns"]
+    assert config.roc.variant == "release" and config.roc.drop_equal_reward
+    assert config.tool.max_response_chars == 256  # verl's default
+    assert config.loss.dual_clip_c == 3.0  # verl's default
+    assert not config.reward.zero_truncated and not config.reward.require_answer_tag
+    assert config.prompt.style == "release"
+
+
+def test_options_that_would_do_nothing_are_refused() -> None:
+    with pytest.raises(ValueError, match="reset_reference"):
+        load_config(None, {"stages": [{"name": "a", "steps": 1, "reset_reference": True}]})
+    with pytest.raises(ValueError, match="min_penalty"):
+        load_config(None, {"roc": {"variant": "release", "min_penalty": 0.1}})
+    with pytest.raises(ValueError, match="min_positives"):
+        load_config(
+            None, {"rollout.group_size": 4, "roc": {"min_positives": 3, "min_negatives": 2}}
+        )

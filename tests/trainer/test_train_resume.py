@@ -138,3 +138,58 @@ def test_hard_stage_trains_only_on_problems_not_always_solved(
     ]  # kept for the resumed run, not re-filtered
     rest = asyncio.run(train(config, tmp_path, sandbox_url="subprocess", progress=False))
     assert [h["stage"] for h in rest] == ["hard"] and seen == [["toy-0", "toy-1", "toy-2", "toy-3"]]
+
+
+def test_evaluation_while_training_logs_avg_at_k_and_leaves_training_alone(
+    tmp_path: Path,
+) -> None:
+    # eval.every 2 of 3 steps: before the first update (step 0), after step 2 and after the
+    # last; avg@k on held-out toy problems. The run trains exactly as without evaluation.
+    evaluated = load_config(
+        CONFIG,
+        {
+            **MICRO,
+            "data.eval": "toy-heldout",
+            "eval": {"every": 2, "k": 2, "max_problems": 3},
+            "checkpoint": {"every": 0, "keep": 1},
+        },
+    )
+    plain = load_config(CONFIG, {**MICRO, "checkpoint": {"every": 0, "keep": 1}})
+    asyncio.run(train(evaluated, tmp_path / "eval", sandbox_url="subprocess", progress=False))
+    asyncio.run(train(plain, tmp_path / "plain", sandbox_url="subprocess", progress=False))
+    lines = metrics(tmp_path / "eval")
+    evals = [line for line in lines if "eval_pass_rate" in line]
+    assert [line["step"] for line in evals] == [0, 2, 3]
+    assert "reward_mean" not in evals[0] and "reward_mean" in evals[1]
+    for line in evals:
+        assert line["eval_k"] == 2 and line["eval_problems"] == 3
+        assert 0.0 <= line["eval_pass_rate"] <= line["eval_pass_at_k"] <= 1.0
+    steps = [line for line in lines if "reward_mean" in line]
+    assert [line["reward_mean"] for line in steps] == [
+        line["reward_mean"] for line in metrics(tmp_path / "plain")
+    ]
+    weights, reference = model_weights(tmp_path / "eval"), model_weights(tmp_path / "plain")
+    assert all(torch.equal(weights[k], reference[k]) for k in reference)
+
+
+def test_evaluation_needs_held_out_problems() -> None:
+    with pytest.raises(ValueError, match=r"data\.eval"):
+        load_config(CONFIG, {"eval.every": 5})
+
+
+def test_the_evaluate_command_reads_data_eval_by_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainer.config import save_config
+    from trainer.evaluate import main as evaluate_main
+    from trainer.problems import write_problems
+
+    held = tmp_path / "held.jsonl"
+    write_problems(held, [Problem("What is 2 * 3 + 1?", "7", "a")])
+    config = load_config(CONFIG, {**MICRO, "data.eval": str(held), "sft.enabled": False})
+    save_config(config, tmp_path / "config.yaml")
+    evaluate_main(
+        ["--config", str(tmp_path / "config.yaml"), "--k", "2", "--sandbox-url", "subprocess"]
+    )
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (summary["problems"], summary["k"]) == (1.0, 2.0)
