@@ -18,6 +18,7 @@ from sandbox_service.http_server import DELIVERY_GRACE_S
 from sandbox_service.queue.redis.keys import GROUP, Keys
 from sandbox_service.settings import Settings
 from tests.deploy.manifests import (
+    DEPLOY,
     K8S,
     OVERLAYS,
     WORKER_CAPABILITIES,
@@ -28,6 +29,7 @@ from tests.deploy.manifests import (
     env_of,
     exported_series,
     kustomize_command,
+    load_script,
     named,
     of_kind,
     pod_templates,
@@ -164,10 +166,14 @@ def test_probes_on_readyz_and_healthz_at_the_port_the_service_listens_on(
     listens = setting(c, port_setting) if port_setting in Settings.model_fields else (
         int(env_of(c).get("SANDBOX_WORKER_METRICS_PORT", WORKER_METRICS_PORT)))  # fmt: skip
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
-    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+    for probe in ("readinessProbe", "startupProbe"):
         assert ports[c[probe]["httpGet"]["port"]] == listens, probe
+    # Liveness: the image's own check, which finds the port from the same environment.
+    python, script, path = c["livenessProbe"]["exec"]["command"]
+    assert (python, path) == ("python3", "/healthz")
+    assert f"deploy/healthcheck.py {script}" in (DEPLOY / "Dockerfile").read_text()
+    assert listens in load_script("healthcheck.py").ports(env_of(c))
 
 
 def _policies_for(docs: tuple[Doc, ...], labels: dict[str, str], kind: str) -> list[Doc]:
