@@ -322,6 +322,17 @@ def test_keda_reads_the_length_of_the_job_stream(overlay: str) -> None:
         assert "lagCount" not in meta
     [backlog] = scaled["spec"]["triggers"]
     assert "streamLength" in backlog["metadata"] and "consumerGroup" not in backlog["metadata"]
+    # The password from the Secret Redis itself reads, through a TriggerAuthentication of the
+    # same namespace: no container carries it in its environment for KEDA.
+    auth = named(docs, "TriggerAuthentication", backlog["authenticationRef"]["name"])
+    assert auth["metadata"]["namespace"] == scaled["metadata"]["namespace"]
+    [ref] = auth["spec"]["secretTargetRef"]
+    redis = named(docs, "Deployment", "redis")["spec"]["template"]["spec"]
+    secrets = {v["secret"]["secretName"] for v in redis["volumes"] if "secret" in v}
+    assert (ref["parameter"], ref["name"]) == ("password", *secrets)
+    for _, template in pod_templates(docs):
+        for c in template["spec"]["containers"]:
+            assert not [e for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})]
 
 
 def test_dashboard_plots_only_exported_series() -> None:
