@@ -154,8 +154,13 @@ def wait_until(check: Any, timeout_s: float, what: str) -> None:
 
 
 def _image_into_podman(podman: Podman, image: str, name: str) -> None:
-    """The image `make image` built with Docker, moved into podman's store as `name`."""
-    if _run(["podman", "image", "exists", image]).returncode != 0:
+    """The image `make image` built with Docker, moved into podman's store as `name` (again
+    whenever Docker's differs from podman's copy: same config digest, same id)."""
+    docker_id = _run([_docker(), "image", "inspect", "--format", "{{.Id}}", image]).stdout
+    podman_id = _run(["podman", "image", "inspect", "--format", "{{.Id}}", image]).stdout
+    if not podman_id.strip() or docker_id.decode().strip().removeprefix("sha256:") != (
+        podman_id.decode().strip()
+    ):
         saved = _run([_docker(), "save", image], timeout_s=600)
         assert saved.returncode == 0, f"docker save {image}: {saved.stderr.decode()[-300:]}"
         podman("load", stdin=saved.stdout, timeout_s=600)
