@@ -63,10 +63,16 @@ IMAGE ?= sandbox-service:dev
 image:
 	IMAGE=$(IMAGE) deploy/image.sh
 
+# It also plays k8s/base under podman (tests/deploy/test_podman_kube.py): Debian's podman, and
+# catatonit for its pause image, are installed if absent. kubectl (for kustomize) is not:
+# Debian 12's kubernetes-client 1.20 embeds a kustomize too old for components.
 test-image: install
+	command -v podman > /dev/null && command -v catatonit > /dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman catatonit netavark aardvark-dns; }
 	SANDBOX_TEST_IMAGE=$(IMAGE) SANDBOX_TEST_DOCKER_IMAGE=$(IMAGE) SANDBOX_TEST_IMAGE_REQUIRED=1 \
 		$(PY) -m pytest -q tests/image \
-		tests/deploy/test_docker_backend.py::test_executions_in_real_slot_containers
+		tests/deploy/test_docker_backend.py::test_executions_in_real_slot_containers \
+		tests/deploy/test_podman_kube.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_CPU_VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -5,6 +5,10 @@ says the process is alive; a node that can run nothing must not be called health
 An embedded or API node answers on ``SANDBOX_PORT`` (8000), a worker on
 ``SANDBOX_WORKER_METRICS_PORT`` (9100); the first that answers 200 decides, so one image-level
 HEALTHCHECK serves every role. Standard library only: it runs in the service's image.
+
+``healthcheck.py /healthz`` asks the liveness path instead (the manifests' liveness probes:
+an exec of this file needs nothing the image lacks, where an engine runs probes inside the
+container).
 """
 
 from __future__ import annotations
@@ -27,17 +31,18 @@ def ports(env: dict[str, str]) -> list[int]:
     return found
 
 
-def healthy(port: int) -> bool:
+def healthy(port: int, path: str = "/readyz") -> bool:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=TIMEOUT_S) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=TIMEOUT_S) as r:
             return r.status == 200
     except (urllib.error.URLError, OSError):
         return False
 
 
-def main() -> int:
-    return 0 if any(healthy(port) for port in ports(dict(os.environ))) else 1
+def main(argv: list[str] | None = None) -> int:
+    path = argv[0] if argv else "/readyz"
+    return 0 if any(healthy(port, path) for port in ports(dict(os.environ))) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -3,7 +3,8 @@
 key file).
 
 Every setting is a flag and a ``SANDBOX_*`` variable; flags win. ``--help`` on a command
-lists them all with their defaults.
+lists them all with their defaults (``run --help-settings`` for ``run``, whose ``--help``
+shows its own options only).
 """
 
 from __future__ import annotations
@@ -62,16 +63,37 @@ def _default_text(name: str) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def add_settings(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("settings (flag, or SANDBOX_<NAME> in the environment)")
+SETTINGS_TITLE = "settings (flag, or SANDBOX_<NAME> in the environment)"
+
+
+def add_settings(parser: argparse.ArgumentParser, shown: bool = True) -> None:
+    """Every setting as a flag; listed in ``--help`` only where ``shown`` (``run`` takes them
+    all but lists them under ``--help-settings``: its own options would drown in ~70)."""
+    group = parser.add_argument_group(SETTINGS_TITLE)
     for name, field in Settings.model_fields.items():
         group.add_argument(
             f"--{name.replace('_', '-')}",
             dest=f"setting_{name}",
             default=argparse.SUPPRESS,
             metavar=name.upper(),
-            help=f"{field.description} [default: {_default_text(name)}]",
-        )
+            help=f"{field.description} [default: {_default_text(name)}]" if shown else
+            argparse.SUPPRESS,
+        )  # fmt: skip
+
+
+class _SettingsHelp(argparse.Action):
+    """``--help-settings``: the settings a command takes, then exit."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        why = "list the server settings this command also takes, and exit"
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=why)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        listing = argparse.ArgumentParser(prog=parser.prog, add_help=False,
+                                          usage=f"{parser.prog} [SETTINGS]")  # fmt: skip
+        add_settings(listing)
+        listing.print_help()
+        parser.exit()
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -113,11 +135,15 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", help="send to a running service instead of starting a slot "
                         "(with auth on, the key from SANDBOX_API_KEY)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    parser.add_argument("--help-settings", action=_SettingsHelp)
 
 
 async def _run_locally(request: ExecuteRequest, settings: Settings) -> ExecuteResult:
     from sandbox_service.runtime.embedded import EmbeddedRuntime
 
+    # Beside a running service the default slot uids are taken and this one-off slot moves to
+    # the next free range: expected here, so not a warning on every run.
+    logging.getLogger("sandbox_service.executor.uids").setLevel(logging.ERROR)
     runtime = EmbeddedRuntime(settings.model_copy(update={"slots": 1}), name="cli")
     await runtime.start()
     try:
@@ -275,7 +301,7 @@ def parser() -> argparse.ArgumentParser:
         sub = subs.add_parser(name, help=summary, description=summary)
         if extra is not None:
             extra(sub)
-        add_settings(sub)
+        add_settings(sub, shown=name != "run")
     return top
 
 

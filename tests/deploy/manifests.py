@@ -3,7 +3,7 @@
 Rendering uses ``kubectl kustomize`` (or a standalone ``kustomize``) when one is on PATH; the
 plain resource files are validated either way. Validation is offline: Kubernetes kinds against
 the schemas that ``kubernetes-validate`` ships, in strict mode; the two CRDs the manifests
-use (KEDA ScaledObject, Prometheus Operator ServiceMonitor) against the subset schemas in
+use (KEDA ScaledObject and TriggerAuthentication, Prometheus Operator ServiceMonitor) against the subset schemas in
 ``schemas/``, which refer to the same Kubernetes definitions.
 """
 
@@ -40,6 +40,7 @@ K8S_VERSIONS = ("1.30.0", all_versions()[-1])
 
 CRD_SCHEMAS = {
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject-keda.sh-v1alpha1.json",
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): "triggerauthentication-keda.sh-v1alpha1.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring.coreos.com-v1.json",
 }
 

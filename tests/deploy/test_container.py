@@ -369,3 +369,4 @@ def test_a_node_that_is_alive_but_cannot_execute_is_unhealthy(
     monkeypatch.setenv("SANDBOX_PORT", str(unready_port))
     monkeypatch.setenv("SANDBOX_WORKER_METRICS_PORT", str(_closed_port()))
     assert health.main() == 1
+    assert health.main(["/healthz"]) == 0  # the liveness probe's question: alive, it is

@@ -150,3 +150,72 @@ def test_overlays_differ_only_where_they_say() -> None:
         assert "runtimeClassName" not in api
     assert "SANDBOX_DISABLE_ISOLATION" in _env_names(named(restricted, "Deployment",
                                                            "sandbox-worker"))  # fmt: skip
+
+
+# Kinds that live outside any namespace.
+CLUSTER_SCOPED = {"Namespace", "RuntimeClass"}
+
+
+@needs_kustomize
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_lands_in_the_workers_namespace(overlay: str) -> None:
+    """A component does not inherit the base's `namespace:`; the overlay must set it, or the
+    autoscaler, the ServiceMonitor, the policies and the dashboard land wherever kubectl
+    points, away from the workers."""
+    docs = render(f"overlays/{overlay}")
+    namespace = named(docs, "Deployment", "sandbox-worker")["metadata"]["namespace"]
+    assert [d["metadata"]["name"] for d in of_kind(docs, "Namespace")] == [namespace]
+    for doc in docs:
+        where = doc["metadata"].get("namespace")
+        expected = None if doc["kind"] in CLUSTER_SCOPED else namespace
+        assert where == expected, (doc["kind"], doc["metadata"]["name"], where)
+
+
+@needs_kustomize
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_cross_namespace_references_name_the_workers_namespace(overlay: str) -> None:
+    """What kustomize cannot rewrite: the ServiceMonitor's namespaceSelector, the Redis
+    address every client and KEDA resolve, the env KEDA's trigger reads from its target."""
+    docs = render(f"overlays/{overlay}")
+    namespace = named(docs, "Deployment", "sandbox-worker")["metadata"]["namespace"]
+    for monitor in of_kind(docs, "ServiceMonitor"):
+        assert monitor["spec"]["namespaceSelector"] == {"matchNames": [namespace]}
+    [redis_config] = [c for c in of_kind(docs, "ConfigMap")
+                      if c["metadata"]["name"].startswith("sandbox-redis")]  # fmt: skip
+    redis_port = named(docs, "Service", "redis")["spec"]["ports"][0]["port"]
+    host = f"redis.{namespace}.svc.cluster.local:{redis_port}"
+    assert redis_config["data"]["address"] == host
+    assert redis_config["data"]["url"].startswith(f"redis://{host}/")
+    for scaled in of_kind(docs, "ScaledObject"):
+        target = named(docs, "Deployment", scaled["spec"]["scaleTargetRef"]["name"])
+        env = {e["name"] for c in target["spec"]["template"]["spec"]["containers"]
+               for e in c["env"]}  # fmt: skip
+        for trigger in scaled["spec"]["triggers"]:
+            for key, value in trigger["metadata"].items():
+                if key.endswith("FromEnv"):
+                    assert value in env, (key, value)
+
+
+@needs_kustomize
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policies_select_the_pods_they_open(overlay: str) -> None:
+    """Each policy selects pods of its namespace, and the monitoring and KEDA policies open
+    the ports those pods listen on to the namespaces Prometheus and KEDA run in."""
+    docs = render(f"overlays/{overlay}")
+    pods = [t["metadata"]["labels"] for _, t in pod_templates(docs)]
+    listening = {
+        cp["containerPort"]
+        for _, t in pod_templates(docs)
+        for c in t["spec"]["containers"]
+        for cp in c.get("ports", [])
+    }
+    for policy in of_kind(docs, "NetworkPolicy"):
+        selected = [p for p in pods if selects(policy["spec"]["podSelector"], p)]
+        assert selected, policy["metadata"]["name"]
+        for rule in policy["spec"].get("ingress", []):
+            for port in rule.get("ports", []):
+                assert port["port"] in listening, (policy["metadata"]["name"], port)
+    names = {p["metadata"]["name"] for p in of_kind(docs, "NetworkPolicy")}
+    assert "metrics-from-monitoring" in names
+    if of_kind(docs, "ScaledObject"):
+        assert "redis-from-keda" in names

@@ -18,6 +18,7 @@ from sandbox_service.http_server import DELIVERY_GRACE_S
 from sandbox_service.queue.redis.keys import GROUP, Keys
 from sandbox_service.settings import Settings
 from tests.deploy.manifests import (
+    DEPLOY,
     K8S,
     OVERLAYS,
     WORKER_CAPABILITIES,
@@ -28,6 +29,7 @@ from tests.deploy.manifests import (
     env_of,
     exported_series,
     kustomize_command,
+    load_script,
     named,
     of_kind,
     pod_templates,
@@ -164,10 +166,14 @@ def test_probes_on_readyz_and_healthz_at_the_port_the_service_listens_on(
     listens = setting(c, port_setting) if port_setting in Settings.model_fields else (
         int(env_of(c).get("SANDBOX_WORKER_METRICS_PORT", WORKER_METRICS_PORT)))  # fmt: skip
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
-    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+    for probe in ("readinessProbe", "startupProbe"):
         assert ports[c[probe]["httpGet"]["port"]] == listens, probe
+    # Liveness: the image's own check, which finds the port from the same environment.
+    python, script, path = c["livenessProbe"]["exec"]["command"]
+    assert (python, path) == ("python3", "/healthz")
+    assert f"deploy/healthcheck.py {script}" in (DEPLOY / "Dockerfile").read_text()
+    assert listens in load_script("healthcheck.py").ports(env_of(c))
 
 
 def _policies_for(docs: tuple[Doc, ...], labels: dict[str, str], kind: str) -> list[Doc]:
@@ -316,6 +322,17 @@ def test_keda_reads_the_length_of_the_job_stream(overlay: str) -> None:
         assert "lagCount" not in meta
     [backlog] = scaled["spec"]["triggers"]
     assert "streamLength" in backlog["metadata"] and "consumerGroup" not in backlog["metadata"]
+    # The password from the Secret Redis itself reads, through a TriggerAuthentication of the
+    # same namespace: no container carries it in its environment for KEDA.
+    auth = named(docs, "TriggerAuthentication", backlog["authenticationRef"]["name"])
+    assert auth["metadata"]["namespace"] == scaled["metadata"]["namespace"]
+    [ref] = auth["spec"]["secretTargetRef"]
+    redis = named(docs, "Deployment", "redis")["spec"]["template"]["spec"]
+    secrets = {v["secret"]["secretName"] for v in redis["volumes"] if "secret" in v}
+    assert (ref["parameter"], ref["name"]) == ("password", *secrets)
+    for _, template in pod_templates(docs):
+        for c in template["spec"]["containers"]:
+            assert not [e for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})]
 
 
 def test_dashboard_plots_only_exported_series() -> None:

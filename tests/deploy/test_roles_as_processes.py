@@ -10,7 +10,9 @@ taken from the rendered manifests.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -18,13 +20,26 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from sandbox_service import cli
-from tests.deploy.manifests import Doc, container, kustomize_command, named, render
+from tests.deploy.manifests import (
+    DEPLOY,
+    K8S,
+    Doc,
+    container,
+    kustomize_command,
+    named,
+    of_kind,
+    render,
+)
 
 pytestmark = [
     pytest.mark.skipif(
@@ -84,31 +99,48 @@ def _pong(port: int) -> bool:
         return b"+PONG" in s.recv(32)
 
 
-def command_of(c: Doc, redis_address: str, env: dict[str, str]) -> tuple[list[str], dict]:
-    """The container's args as Kubernetes expands them ($(VAR) from its env)."""
-    values = {"REDIS_ADDRESS": redis_address, **env}
-    args = []
-    for arg in c["args"]:
-        for name, value in values.items():
-            arg = arg.replace(f"$({name})", value)
-        args.append(arg)
-    return [sys.executable, "-m", "sandbox_service.cli", *args], values
+def environment(docs: tuple[Doc, ...], c: Doc) -> dict[str, str]:
+    """The container's environment as the cluster gives it: literal values, ConfigMap keys
+    from the rendered ConfigMaps, the Secret's key as PASSWORD."""
+    maps = {m["metadata"]["name"]: m["data"] for m in of_kind(docs, "ConfigMap")}
+    env = {}
+    for e in c["env"]:
+        source = e.get("valueFrom", {})
+        if "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            env[e["name"]] = maps[ref["name"]][ref["key"]]
+        elif "secretKeyRef" in source:
+            env[e["name"]] = PASSWORD
+        else:
+            env[e["name"]] = e["value"]
+    return env
 
 
-def start_role(c: Doc, redis_address: str, overrides: dict[str, str], log: Path
+def start_role(docs: tuple[Doc, ...], c: Doc, overrides: dict[str, str], log: Path
                ) -> subprocess.Popen[bytes]:  # fmt: skip
-    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
-    env.update(LOCAL, **overrides)
-    argv, values = command_of(c, redis_address, env)
+    """The container's args as they stand (no $(VAR) to expand: the manifests keep settings in
+    the environment), one slot instead of four."""
+    env = {**environment(docs, c), **LOCAL, **overrides}
+    assert not [a for a in c["args"] if "$(" in a], c["args"]
+    argv = [sys.executable, "-m", "sandbox_service.cli", *c["args"]]
     if "--slots" in argv:
         argv[argv.index("--slots") + 1] = "1"
     with open(log, "ab") as out:
-        return subprocess.Popen(argv, env={**os.environ, **values}, stdout=out,
+        return subprocess.Popen(argv, env={**os.environ, **env}, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
 
 
-def probe(c: Doc, kind: str, port: int) -> httpx.Response:
-    return httpx.get(f"http://127.0.0.1:{port}{c[kind]['httpGet']['path']}", timeout=5)
+def probe(c: Doc, kind: str, port: int, env: dict[str, str]) -> bool:
+    """A probe as the kubelet runs it: an HTTP GET, or the exec'd command (the image's health
+    check, deploy/healthcheck.py here) in the container's environment."""
+    spec = c[kind]
+    if "httpGet" in spec:
+        url = f"http://127.0.0.1:{port}{spec['httpGet']['path']}"
+        return httpx.get(url, timeout=5).status_code == 200
+    python, script, *args = spec["exec"]["command"]
+    assert (python, Path(script).name) == ("python3", "healthcheck.py")
+    argv = [sys.executable, str(DEPLOY / "healthcheck.py"), *args]
+    return subprocess.run(argv, env={**os.environ, **env}, timeout=30).returncode == 0
 
 
 def stop(proc: subprocess.Popen[bytes], grace_s: int) -> float:
@@ -124,41 +156,71 @@ def stop(proc: subprocess.Popen[bytes], grace_s: int) -> float:
     return time.monotonic() - started
 
 
-def test_worker_and_api_run_as_the_manifests_say(redis_address: str, tmp_path: Path) -> None:
-    redis = pytest.importorskip("redis", reason="the redis extra is not installed")
+@dataclass
+class Roles:
+    """An API node and a worker started from the rendered manifests, sharing one Redis."""
+
+    docs: tuple[Doc, ...]
+    api_c: Doc
+    worker_c: Doc
+    api_port: int
+    worker_port: int
+    api_env: dict[str, str]
+    worker_env: dict[str, str]
+    api: subprocess.Popen[bytes]
+    worker: subprocess.Popen[bytes]
+
+    def execute(self, code: str, timeout_s: float = 10) -> dict:
+        r = httpx.post(f"http://127.0.0.1:{self.api_port}/v1/execute",
+                       json={"code": code, "timeout_s": timeout_s}, timeout=60)  # fmt: skip
+        return dict(r.json())
+
+    def scrape(self, role: str) -> dict[str, list[Sample]]:
+        """The samples /metrics of this role exports, by series name."""
+        port = self.api_port if role == "api" else self.worker_port
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        samples: dict[str, list[Sample]] = {}
+        for family in text_string_to_metric_families(text):
+            # A labelled family with no value yet (refusals before any) is exported all the
+            # same: its HELP and TYPE lines are there.
+            suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+            for suffix in suffixes.get(family.type, ("",)):
+                samples.setdefault(family.name + suffix, [])
+            for s in family.samples:
+                samples.setdefault(s.name, []).append(s)
+        return samples
+
+
+@pytest.fixture
+def roles(redis_address: str, tmp_path: Path) -> Iterator[Roles]:
     docs = render(OVERLAY)
     worker_c, api_c = container(docs, "sandbox-worker"), container(docs, "sandbox-api")
     worker_port, api_port = free_port(), free_port()
-    # The Secret's file, where the manifests mount it, is here instead.
-    assert {e["value"] for e in worker_c["env"] if e["name"] == "SANDBOX_REDIS_PASSWORD_FILE"}
+    # Stand-ins for what the cluster gives: the Secret's file, where the manifests mount it, is
+    # here instead; the Redis URL names this test's Redis (no cluster DNS), the rest of the
+    # URL as the ConfigMap has it.
+    assert environment(docs, worker_c)["SANDBOX_REDIS_PASSWORD_FILE"]
     (tmp_path / "password").write_text(PASSWORD + "\n")
-    secret = {"SANDBOX_REDIS_PASSWORD_FILE": str(tmp_path / "password")}
-    worker = start_role(worker_c, redis_address, {"SANDBOX_WORKER_METRICS_PORT": str(worker_port),
-                        **secret}, tmp_path / "worker.log")  # fmt: skip
-    api = start_role(api_c, redis_address, {"SANDBOX_PORT": str(api_port), **secret},
-                     tmp_path / "api.log")  # fmt: skip
+    url = environment(docs, worker_c)["SANDBOX_REDIS_URL"]
+    assert url == environment(docs, api_c)["SANDBOX_REDIS_URL"]
+    local = {"SANDBOX_REDIS_PASSWORD_FILE": str(tmp_path / "password"),
+             "SANDBOX_REDIS_URL": re.sub(r"//[^/]+/", f"//{redis_address}/", url)}  # fmt: skip
+    worker_env = {"SANDBOX_WORKER_METRICS_PORT": str(worker_port), **local}
+    api_env = {"SANDBOX_PORT": str(api_port), **local}
+    worker = start_role(docs, worker_c, worker_env, tmp_path / "worker.log")
+    api = start_role(docs, api_c, api_env, tmp_path / "api.log")
+    started = Roles(docs, api_c, worker_c, api_port, worker_port,
+                    {**environment(docs, api_c), **LOCAL, **api_env},
+                    {**environment(docs, worker_c), **LOCAL, **worker_env}, api, worker)  # fmt: skip
     try:
-        for c, port in ((worker_c, worker_port), (api_c, api_port)):
-            wait_until(lambda c=c, port=port: probe(c, "startupProbe", port).status_code == 200,
+        for c, port, env in ((worker_c, worker_port, started.worker_env),
+                             (api_c, api_port, started.api_env)):  # fmt: skip
+            wait_until(lambda c=c, port=port, env=env: probe(c, "startupProbe", port, env),
                        60, f"{c['name']} to start")  # fmt: skip
-            wait_until(lambda c=c, port=port: probe(c, "readinessProbe", port).status_code == 200,
+            wait_until(lambda c=c, port=port, env=env: probe(c, "readinessProbe", port, env),
                        60, f"{c['name']} to be ready")  # fmt: skip
-            assert probe(c, "livenessProbe", port).status_code == 200
-        r = httpx.post(f"http://127.0.0.1:{api_port}/v1/execute", json={"code": "print(6 * 7)"},
-                       timeout=60)  # fmt: skip
-        assert (r.json()["status"], r.json()["stdout"]) == ("ok", "42\n"), r.text
-        status = httpx.get(f"http://127.0.0.1:{api_port}/v1/status", timeout=5).json()
-        assert status["workers"], status
-        # What KEDA's trigger reads: the stream exists, and settled chunks leave it.
-        [trigger] = named(docs, "ScaledObject", "sandbox-worker")["spec"]["triggers"]
-        stream = trigger["metadata"]["stream"]
-        db = redis.Redis.from_url(f"redis://:{PASSWORD}@{redis_address}/0")
-        groups = [g["name"].decode() for g in db.xinfo_groups(stream)]
-        assert groups == ["workers"] and db.xlen(stream) == 0
-        for deployment, proc in (("sandbox-worker", worker), ("sandbox-api", api)):
-            spec = named(docs, "Deployment", deployment)["spec"]["template"]["spec"]
-            took = stop(proc, spec["terminationGracePeriodSeconds"])
-            assert took < spec["terminationGracePeriodSeconds"]
+            assert probe(c, "livenessProbe", port, env)
+        yield started
     finally:
         for proc in (worker, api):
             if proc.poll() is None:
@@ -166,3 +228,90 @@ def test_worker_and_api_run_as_the_manifests_say(redis_address: str, tmp_path: P
                 proc.wait()
         for log in tmp_path.glob("*.log"):
             print(log.name, log.read_text()[-3000:], sep="\n")
+
+
+def test_worker_and_api_run_as_the_manifests_say(roles: Roles, redis_address: str) -> None:
+    redis = pytest.importorskip("redis", reason="the redis extra is not installed")
+    docs = roles.docs
+    r = roles.execute("print(6 * 7)")
+    assert (r["status"], r["stdout"]) == ("ok", "42\n"), r
+    status = httpx.get(f"http://127.0.0.1:{roles.api_port}/v1/status", timeout=5).json()
+    assert status["workers"], status
+    # What KEDA's trigger reads: the stream exists, and settled chunks leave it.
+    [trigger] = named(docs, "ScaledObject", "sandbox-worker")["spec"]["triggers"]
+    stream = trigger["metadata"]["stream"]
+    db = redis.Redis.from_url(f"redis://:{PASSWORD}@{redis_address}/0")
+    groups = [g["name"].decode() for g in db.xinfo_groups(stream)]
+    assert groups == ["workers"] and db.xlen(stream) == 0
+    for deployment, proc in (("sandbox-worker", roles.worker), ("sandbox-api", roles.api)):
+        spec = named(docs, "Deployment", deployment)["spec"]["template"]["spec"]
+        took = stop(proc, spec["terminationGracePeriodSeconds"])
+        assert took < spec["terminationGracePeriodSeconds"]
+
+
+# ---------------------------------------------------------------- the dashboard's PromQL
+
+DASHBOARD = K8S / "components" / "monitoring" / "dashboards" / "sandbox-service.json"
+# A series selector of the dashboard: name{matchers}.
+SELECTOR = re.compile(r"(sandbox_[a-z0-9_]+)\{([^}]*)\}")
+AGGREGATE = re.compile(r"\b(sum|max)\((sandbox_[a-z0-9_]+)\{([^}]*)\}\)")
+
+
+def _role(matchers: str) -> str:
+    """The role a selector reads: its `container` matcher (Prometheus Operator's label for
+    the pod's container, which the manifests name `api` and `worker`)."""
+    found = re.search(r'container="([a-z]+)"', matchers)
+    assert found, f"a selector without a role counts API and worker series together: {matchers}"
+    return found.group(1)
+
+
+def _instant(expr: str, scrapes: dict[str, dict[str, list[Sample]]]) -> float:
+    """The value of a gauge panel's expression now: each sum()/max() of a selector computed
+    over the samples its role exports (one pod per role here), then the arithmetic."""
+
+    def value(m: re.Match[str]) -> str:
+        agg, name, matchers = m.groups()
+        values = [s.value for s in scrapes[_role(matchers)][name]]
+        return repr(sum(values) if agg == "sum" else max(values))
+
+    arithmetic = AGGREGATE.sub(value, expr).replace("clamp_min(", "max(")
+    assert re.fullmatch(r"[0-9.()\s,+\-max]*", arithmetic), arithmetic
+    return float(eval(arithmetic))  # digits, operators, max() (checked)
+
+
+def _panel(dashboard: dict, title: str) -> dict[str, str]:
+    [panel] = [p for p in dashboard["panels"] if p["title"].startswith(title)]
+    return {t["legendFormat"]: t["expr"] for t in panel["targets"]}
+
+
+def test_dashboard_reads_what_each_role_exports(roles: Roles) -> None:
+    """Every series the dashboard plots comes from the role that exports it, counted once;
+    the queue panel's waiting and running are right while one job runs and one waits."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert {roles.api_c["name"], roles.worker_c["name"]} == {"api", "worker"}
+    assert roles.execute("print(1)")["status"] == "ok"
+    scrapes = {"api": roles.scrape("api"), "worker": roles.scrape("worker")}
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    for expr in exprs:
+        for name, matchers in SELECTOR.findall(expr):
+            assert name in scrapes[_role(matchers)], (name, _role(matchers))
+    # Executions counted once: the role the panel reads saw the one execution once.
+    [per_second] = _panel(dashboard, "Executions per second").values()
+    [(name, matchers)] = SELECTOR.findall(per_second)
+    ok = [s for s in scrapes[_role(matchers)][name] if s.labels["status"] == "ok"]
+    assert [s.value for s in ok] == [1.0]
+
+    # One slot: a sleeping job runs, a second one waits behind it.
+    queue = _panel(dashboard, "Queue: waiting and running")
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(roles.execute, "import time; time.sleep(30)", 3)
+        wait_until(lambda: roles.scrape("worker")["sandbox_slots_busy"][0].value == 1, 30,
+                   "the first job to run")  # fmt: skip
+        second = pool.submit(roles.execute, "print(2)")
+        wait_until(lambda: roles.scrape("api")["sandbox_queue_depth"][0].value == 2, 30,
+                   "the second job to be queued")  # fmt: skip
+        scrapes = {"api": roles.scrape("api"), "worker": roles.scrape("worker")}
+        if scrapes["worker"]["sandbox_slots_busy"][0].value == 1:  # the first still runs
+            assert _instant(queue["running"], scrapes) == 1
+            assert _instant(queue["waiting"], scrapes) == 1
+        assert (first.result()["status"], second.result()["status"]) == ("timeout", "ok")

@@ -192,7 +192,9 @@ def k8s_options(pod: dict[str, Any], c: dict[str, Any], secret_dir: Path) -> lis
 
 
 def k8s_args(c: dict[str, Any], redis_address: str) -> list[str]:
-    args = [a.replace("$(REDIS_ADDRESS)", redis_address) for a in c["args"]]
+    # The manifests give the Redis URL from the ConfigMap (SANDBOX_REDIS_URL, a cluster DNS
+    # name); here it names this network's Redis.
+    args = [*c["args"], "--redis-url", f"redis://{redis_address}/0"]
     if "--slots" in args:
         args[args.index("--slots") + 1] = SLOTS
     return args
