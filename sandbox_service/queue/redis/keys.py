@@ -31,6 +31,8 @@ key                            type        what
 ``{p}:result:<t>:<id>``        string      stored result of tenant t's request ``id`` (TTL)
 ``{p}:claim:<t>:<id>``         string      job key of the running job with that ``id``
 ``{p}:waiters:<t>:<id>``       set         reply streams of other API nodes waiting on it
+``{p}:mark:<link>``            string      a counter each node's connection raises with every
+                                           write: one that went back means Redis lost writes
 =============================  ==========  =====================================================
 """
 
@@ -95,6 +97,9 @@ class Keys:
 
     def waiters(self, request_id: str) -> str:
         return f"{self.prefix}:waiters:{request_id}"
+
+    def mark(self, link: str) -> str:
+        return f"{self.prefix}:mark:{link}"
 
     def of_id(self, request_id: str) -> list[str]:
         """The three keys of an idempotent request, in the order the scripts expect;
