@@ -33,6 +33,15 @@ def available() -> bool:
     return shutil.which("redis-server") is not None and shutil.which("redis-sentinel") is not None
 
 
+def pause(process: subprocess.Popen[bytes], seconds: float) -> None:
+    """SIGSTOP a process for ``seconds``, then SIGCONT: to the others, it fell silent."""
+    process.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        process.send_signal(signal.SIGCONT)
+
+
 class SentinelGroup:
     """Two ``redis-server`` (a primary and a replica) and three ``redis-sentinel``."""
 
@@ -153,15 +162,6 @@ class SentinelGroup:
         until a replica reconnects (stop it first, and they never get there)."""
         with self._client(self.primary_port()) as client:
             client.client_kill_filter(_type="replica")
-
-    def pause(self, server: RedisServer, seconds: float) -> None:
-        """SIGSTOP a server for ``seconds`` (a partition: its clients see silence)."""
-        assert server.process is not None
-        server.process.send_signal(signal.SIGSTOP)
-        try:
-            time.sleep(seconds)
-        finally:
-            server.process.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         for process in self.sentinels:
