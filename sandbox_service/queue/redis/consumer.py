@@ -108,6 +108,7 @@ class RedisJobSource:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._tenants: list[str] = []  # tenants take may choose from (it asks for more)
         self._settled: deque[tuple[float, Settlement]] = deque()  # sent again if Redis lost them
+        self._woken = False  # the last bell read took a token: the next take owes none
         self.link.on_loss = self._lost_writes
 
     async def start(self, describe: Callable[[], dict[str, Any]]) -> None:
@@ -198,18 +199,20 @@ class RedisJobSource:
         once (it named tenants we did not know), False once the bell rang or timed out."""
         k = self.keys
         names = [k.jobs, k.fair, k.active, k.bell, *(k.ready(t) for t in self._tenants)]
-        args = [GROUP, self.name, len(self._tenants), *self._tenants, repr(INITIAL_MEAN_S)]
+        args = [GROUP, self.name, len(self._tenants), *self._tenants, repr(INITIAL_MEAN_S),
+                int(self._woken)]  # fmt: skip
         reply = await self.link.script(TAKE, names, args)
         kind = reply[0]
         if kind == b"tenants":
             self._tenants = sorted({*self._tenants, *(t.decode() for t in reply[1:])})
             return None
+        self._woken = False
         if kind == b"chunk":
             self._hold(reply[1], _fields(reply[2]), float(reply[3]))
             return True
         if self.burst:
             return False
-        await self.link.call("xread", {k.bell: reply[1]}, count=1, block=BLOCK_MS)
+        self._woken = bool(await self.link.call("blpop", [k.bell], timeout=BLOCK_MS / 1000))
         return False
 
     def _holding_a_retry(self) -> bool:

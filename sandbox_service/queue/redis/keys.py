@@ -19,8 +19,9 @@ key                            type        what
                                            ``weight:``, ``cap:`` (max_in_flight), ``queued:``
                                            (waiting+running), ``running:`` (held by workers);
                                            ``clock``: the virtual time of the last choice
-``{p}:bell``                   stream      one entry (MAXLEN 1) renewed when work arrives:
-                                           idle workers block on it
+``{p}:wake``                   list        the bell: a token per chunk no worker took yet;
+                                           an idle worker blocks on it (BLPOP), so
+                                           one chunk wakes one worker
 ``{p}:depth``                  string      jobs admitted and not yet settled (waiting+running)
 ``{p}:epoch``                  string      random token set once; a new one means Redis lost
                                            its data (restarted empty): in-flight work is gone
@@ -62,7 +63,7 @@ class Keys:
 
     @property
     def bell(self) -> str:
-        return f"{self.prefix}:bell"
+        return f"{self.prefix}:wake"  # a list; ``:bell`` was a stream (older versions)
 
     def ready(self, tenant: str) -> str:
         return f"{self.prefix}:ready:{tenant}"

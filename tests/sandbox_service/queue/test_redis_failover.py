@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -24,6 +24,8 @@ from sandbox_service.queue.redis.producer import RedisQueue
 from sandbox_service.sentinel_process import MASTER, SentinelGroup, available
 from sandbox_service.settings import Settings
 from tests.sandbox_service.queue.stand_ins import api_queue, echo, run, started_source
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.skipif(
     not available(),
@@ -47,6 +49,17 @@ def sentinel_settings(group: SentinelGroup, prefix: str, **overrides: Any) -> Se
         "visibility_timeout_s": 60,
     }  # fmt: skip
     return Settings(**{**base, **overrides})
+
+
+async def retried(call: Callable[[], Awaitable[T]]) -> T:
+    """``call`` again while Redis is unreachable (503), as a client would: just after a
+    promotion a Sentinel may still answer that it knows no primary."""
+    for _ in range(100):
+        try:
+            return await call()
+        except QueueUnavailable:
+            await asyncio.sleep(0.1)
+    return await call()
 
 
 async def lose_what_follows(group: SentinelGroup) -> Any:
@@ -92,11 +105,11 @@ def test_failover_answers_what_the_new_primary_lacks_rejected(
         worker = asyncio.create_task(echo(source, 3 + 4))
         assert [r.stdout for r in await kept] == ["k0", "k1", "k2"]
         # An id the failover lost means nothing any more: sent again, it runs.
-        again = await queue.submit([ExecuteRequest(code=f"again{i}", id=f"lost-{i}")
-                                    for i in range(4)])  # fmt: skip
+        again = await retried(lambda: queue.submit(
+            [ExecuteRequest(code=f"again{i}", id=f"lost-{i}") for i in range(4)]))  # fmt: skip
         assert [r.stdout for r in again] == [f"again{i}" for i in range(4)]
         await worker
-        assert (await queue.cluster()).depth == 0
+        assert (await retried(queue.cluster)).depth == 0
         await source.close()
         await queue.close()
 
@@ -123,13 +136,15 @@ def test_settlements_a_failover_lost_are_sent_again_not_run_again(
         # The new primary had the chunk held and unsettled: the worker settles it again
         # (no take-over: the visibility timeout is 60 s, and nothing runs twice).
         for _ in range(200):
-            cluster = await queue.cluster()
+            cluster = await retried(queue.cluster)
             if cluster.depth == 0:
                 break
             await asyncio.sleep(0.1)
         assert cluster.depth == 0 and cluster.reclaimed == 0
         assert source.link.lost_writes._value.get() >= 1
-        after = await asyncio.gather(queue.submit([ExecuteRequest(code="after")]), echo(source, 1))
+        after = await asyncio.gather(
+            retried(lambda: queue.submit([ExecuteRequest(code="after")])), echo(source, 1)
+        )
         assert after[0][0].stdout == "after"
         await source.close()
         await queue.close()
