@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,7 @@ BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0)
 NOT_CACHED = (Status.rejected, Status.internal_error)  # as the in-process queue
 MARK_TTL_S = 3600  # a node's mark outlives any pause of it; a stopped node's goes away
 MARK_WINDOW = 4 * MAX_CONNECTIONS  # replies of concurrent calls come back at most this disordered
+FOLLOW_S = 1.0  # with Sentinels, how often a node checks it still talks to their primary
 DEMOTED = ("READONLY", "UNBLOCKED")  # a primary that became a replica says so with these
 
 log = logging.getLogger(__name__)
@@ -306,6 +308,7 @@ class RedisLink:
         self.on_loss: Callable[[], None] = lambda: None
         self._marks_seen: set[int] = set()
         self._mark_high = 0
+        self._next_follow = 0.0
 
     def _count(self) -> None:
         self.round_trips += 1
@@ -361,6 +364,7 @@ class RedisLink:
         """Commands queued by ``fill``, then this link's mark, sent in one round trip (not a
         transaction); the results of ``fill``'s commands. Run again once if a script was
         missing: every command we pipeline may safely run twice."""
+        await self.follow()
         for attempt in range(2):
             pipe = self.client.pipeline(transaction=False)
             fill(pipe)
@@ -385,6 +389,28 @@ class RedisLink:
                     raise r
             return results
         raise AssertionError("unreachable")
+
+    async def follow(self) -> None:
+        """With Sentinels, at most every ``FOLLOW_S``: close the connections to a server they
+        no longer name primary. A primary that was cut off and came back still says it is one
+        until they demote it (seconds later): new connections go to the new primary, but open
+        ones would go on writing to the old one, and all of that would be lost."""
+        pool = self.client.connection_pool
+        if not isinstance(pool, SentinelConnectionPool) or time.monotonic() < self._next_follow:
+            return
+        self._next_follow = time.monotonic() + FOLLOW_S
+        try:
+            primary = await pool.get_master_address()  # type: ignore[no-untyped-call]
+        except (RedisError, OSError):
+            return  # no Sentinel answers: the commands themselves will say so
+        connections = [*getattr(pool, "_available_connections", ()),
+                       *getattr(pool, "_in_use_connections", ())]  # fmt: skip
+        for connection in connections:
+            if connection.is_connected and (connection.host, connection.port) != primary:
+                log.warning("closing a connection to %s:%s, no longer the primary",
+                            connection.host, connection.port)  # fmt: skip
+                with contextlib.suppress(RedisError, OSError):
+                    await connection.disconnect()
 
     def _check_mark(self, value: int) -> None:
         """Every call returns a mark never returned before, unless Redis lost writes: one
