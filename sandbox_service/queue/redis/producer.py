@@ -4,7 +4,8 @@ A batch is admitted in one script call (``scripts.ADMIT``: idempotency by ``id``
 tenant quotas checked together), travels as chunks on the job stream, and its results come
 back on this node's own reply stream, read by one blocking reader task: no polling. Chunks no
 worker has taken by their start-by time are answered here ``queue_timeout``; a job never
-answered ends ``internal_error``; a Redis that came back empty is recognised by its epoch.
+answered ends ``internal_error``; a Redis that came back empty (its epoch) or a failover
+that lost writes (the link's mark) has what it lost answered ``rejected`` (``reconcile``).
 Guarantees and the design choices behind them: docs/redis.md.
 """
 
