@@ -5,7 +5,8 @@ Every node can be killed (SIGKILL, as a crash) and started again in its place: a
 its old port, so clients that knew it find it again; a worker node under its old name and
 name. Slot uids follow each node's port (``launch.start``), so no two live workers share one
 (a zygote kills every process of its uid when it starts). All nodes share ``settings``
-(names of Settings fields).
+(names of Settings fields). ``sentinel``: Redis is a primary, a replica and three Sentinels
+(``sentinel_process``) that the nodes follow, and ``fail_over`` kills the primary.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandbox_service.sentinel_process import MASTER, SentinelGroup
 from sandbox_service.service_process import RedisServer, ServiceProcess, start
 
 
@@ -43,7 +45,9 @@ class Cluster:
     slots: int = 1
     settings: dict[str, Any] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
+    sentinel: bool = False
     redis: RedisServer = field(init=False)
+    group: SentinelGroup | None = field(init=False, default=None)
     nodes: list[Node] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -51,6 +55,9 @@ class Cluster:
             raise ValueError("a cluster needs at least one API node, one worker, one slot")
         self.redis = RedisServer(self.directory)
         common = {**self.settings, "redis_url": self.redis.url}
+        if self.sentinel:
+            self.group = SentinelGroup(self.directory)
+            common.update(redis_sentinels=self.group.addresses, redis_sentinel_master=MASTER)
         for i in range(self.api_nodes):
             self.nodes.append(Node("api", f"api-{i}", {**common}))
         for i in range(self.workers):
@@ -75,7 +82,10 @@ class Cluster:
         return [n.pid for n in self.nodes if n.process is not None]
 
     def start(self) -> None:
-        self.redis.start()
+        if self.group is not None:
+            self.group.start()
+        else:
+            self.redis.start()
         with concurrent.futures.ThreadPoolExecutor(len(self.nodes)) as pool:
             list(pool.map(self.start_node, self.nodes))
 
@@ -111,10 +121,22 @@ class Cluster:
         time.sleep(down_s)
         self.redis.start()
 
+    def fail_over(self) -> float:
+        """SIGKILL the Redis primary; seconds until the Sentinels promoted its replica. The
+        dead one comes back as a replica of the new primary, so it can fail over again."""
+        assert self.group is not None, "a Cluster(sentinel=True) fails over"
+        old = self.group.primary_port()
+        victim = self.group.kill_primary()
+        took = self.group.wait_promoted(old)
+        self.group.restart_as_replica(victim)
+        return took
+
     def stop(self) -> None:
         for node in reversed(self.nodes):
             if node.process is not None:
                 node.process.stop(timeout_s=30)
+        if self.group is not None:
+            self.group.stop()
         self.redis.stop()
 
     def __enter__(self) -> Cluster:

@@ -12,17 +12,28 @@ loopback, drives them with the mixed workload (every request with an ``id``), an
 - ``api``: SIGKILL an API node, start it again on its port (the client resends the batches
   whose connection broke, with the same ids, to another node);
 - ``redis``: SIGKILL Redis and start an empty one on its port (the queue's contents are gone:
-  the API nodes answer what they were waiting for with an explicit ``internal_error``).
+  the API nodes answer what they were waiting for ``rejected``, saying Redis lost it);
+- ``failover`` (Redis runs as a primary, a replica and three Sentinels): SIGKILL the primary;
+  the Sentinels promote the replica, the nodes follow it, and what the replica lacked is
+  answered ``rejected``; the dead primary comes back as the new one's replica;
+- ``partition``: SIGSTOP the Redis primary for ``PARTITION_S`` and let it go on: every node is
+  cut off from Redis and back (with Sentinels, a failover, and the old primary returning
+  stale until they demote it);
+- ``stall``: SIGSTOP a worker node past the visibility timeout and let it go on: its jobs are
+  taken over meanwhile, its late answers dropped.
+
+The first four are the default; ``--faults failover`` (or ``partition`` with ``--sentinel``)
+runs Redis with Sentinels.
 
 Afterwards every request must be accounted for: answered once, with its own id, and either
 correct or an explicit infrastructure status with a message (``internal_error``,
-``queue_timeout``); none lost. Then, idle, the deployment must be back to its baseline: every
-node up and registered, the queue empty, no process beyond the nodes and their zygotes, no
-zombie, no leftover file in the work root, memory within bounds of the baseline. Exits 1 if
-any check fails. Bounded: the load lasts ``--duration`` or until every kind of fault has
-been done once, whichever is later (on a loaded machine nodes take seconds to come back), one
-``--interval`` more for recovery, and never more than ``OVERRUN`` × ``--duration``; answers
-still out then get ``--drain`` more.
+``queue_timeout``, ``rejected``); none lost. Then, idle, the deployment must be back to its
+baseline: every node up and registered, the queue empty, no process beyond the nodes and
+their zygotes, no zombie, no leftover file in the work root, memory within bounds of the
+baseline. Exits 1 if any check fails. Bounded: the load lasts ``--duration`` or until every
+kind of fault has been done once, whichever is later (on a loaded machine nodes take seconds
+to come back), one ``--interval`` more for recovery, and never more than ``OVERRUN`` ×
+``--duration``; answers still out then get ``--drain`` more.
 """
 
 from __future__ import annotations
@@ -53,8 +64,12 @@ from loadtests.generator import SERVICE_FAILURES, Plan, Run, measure
 from loadtests.procwatch import Watcher, all_procs, count_all, keepers, tree
 from loadtests.targets import HttpTarget
 from loadtests.workloads import Context, Item, parse
+from sandbox_service.sentinel_process import pause
 
-FAULTS = ("zygote", "worker", "api", "redis")
+FAULTS = ("zygote", "worker", "api", "redis", "failover", "partition", "stall")
+DEFAULT_FAULTS = FAULTS[:4]
+EXPLICIT = SERVICE_FAILURES | {"rejected"}  # rejected: never ran, or Redis lost it
+PARTITION_S = 3.0  # Redis silent this long (with Sentinels: past their down-after)
 OVERRUN = 4  # the longest the load may last, in --duration: until every kind was done once
 SETTINGS = {"visibility_timeout_s": 4, "heartbeat_interval_s": 1, "max_attempts": 3}
 MEMORY_SLACK = 1.5  # idle RSS after the soak may be this much of the baseline's...
@@ -68,7 +83,7 @@ class Tolerant(Item):
     def check(self, result: dict[str, Any]) -> bool:
         if result.get("id") != self.request["id"]:
             return False
-        if result.get("status") in SERVICE_FAILURES and result.get("message"):
+        if result.get("status") in EXPLICIT and result.get("message"):
             return True
         return super().check(result)
 
@@ -116,6 +131,23 @@ class Soak:
     def redis(self) -> str:
         self.cluster.restart_redis(down_s=self.rng.uniform(0.5, 2.0))
         return f"redis on port {self.cluster.redis.port}"
+
+    def failover(self) -> str:
+        took = self.cluster.fail_over()
+        return f"Redis primary killed; replica promoted in {took:.2f} s"
+
+    def partition(self) -> str:
+        group = self.cluster.group
+        server = group.primary() if group is not None else self.cluster.redis
+        assert server.process is not None
+        pause(server.process, PARTITION_S)
+        return f"Redis on port {server.port} silent for {PARTITION_S:g} s"
+
+    def stall(self) -> str:
+        node = self.rng.choice(self.cluster.worker_nodes)
+        assert node.process is not None
+        pause(node.process.process, float(SETTINGS["visibility_timeout_s"]) + 2)
+        return f"{node.name} silent past the visibility timeout"
 
     def once(self, kind: str) -> Fault:
         fault = Fault(round(time.monotonic() - self.started, 2), kind, "")
@@ -234,7 +266,8 @@ def checks(run: Run, baseline: dict[str, Any], after: dict[str, Any]) -> dict[st
             and len(after["status"].get("workers") or []) == baseline["workers"]
         ),
         "processes back to the nodes and their zygotes, no zombie": (
-            procs["found"] == procs["expected"]
+            # As many as idle before the faults: nodes, zygotes (and light zygotes, if on).
+            procs["found"] == baseline["processes"]["found"] >= procs["expected"]
             and procs["zombies"] == 0
             and not procs["slot_uid_processes"]
         ),
@@ -256,7 +289,13 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=120.0, help="seconds of load and faults")
     p.add_argument("--drain", type=float, default=120.0, help="seconds for answers still out")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between faults")
-    p.add_argument("--faults", default=",".join(FAULTS), help="kinds, done in turn")
+    p.add_argument("--faults", default=",".join(DEFAULT_FAULTS),
+                   help=f"kinds, done in turn, of {', '.join(FAULTS)}")  # fmt: skip
+    p.add_argument(
+        "--sentinel",
+        action="store_true",
+        help="Redis as a primary, a replica and three Sentinels (failover implies it)",
+    )
     p.add_argument("--api-nodes", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--slots", type=int, default=1, help="slots per worker node")
@@ -279,6 +318,9 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         p.error("--api-nodes, --workers, --slots, --concurrency and --batch must be >= 1")
     if "api" in args.faults.split(",") and args.api_nodes < 2:
         p.error("--faults api needs --api-nodes 2 or more: the client resends to another node")
+    args.sentinel = args.sentinel or "failover" in args.faults.split(",")
+    if args.sentinel and "redis" in args.faults.split(","):
+        p.error("--faults redis restarts a lone Redis empty: not with Sentinels (use failover)")
     return args
 
 
@@ -334,13 +376,15 @@ def summarize(result: dict[str, Any], fig: dict[str, Any], args: argparse.Namesp
         f"{args.api_nodes} API node(s), {args.workers} worker node(s) of {args.slots} slot(s), "
         f"workload {args.workload}, {args.concurrency} in flight in batches of {args.batch}, "
         f"{args.duration:.0f} s or until every kind of fault was done, a fault every "
-        f"{args.interval:.0f} s.",
+        f"{args.interval:.0f} s; Redis {'with Sentinels' if args.sentinel else 'alone'}.",
         "",
         f"- faults: {dict(kinds)}",
         f"- requests: {r.recorder.sent} sent, {fig['answered']} answered, {fig['lost']} lost, "
         f"{fig['wrong']} wrong; {fig['exec_per_s']} exec/s",
         f"- statuses: {dict(r.recorder.statuses)}",
         f"- explicit failures (the service's, with a message): {dict(r.recorder.service_failures)}",
+        f"- answered rejected (never ran, or Redis lost it; safe to resend): "
+        f"{r.recorder.statuses.get('rejected', 0)}",
         f"- client retries: {r.retries}",
         f"- baseline (idle, before): {result['baseline']}",
         f"- after (idle): rss_mb {result['after']['rss_mb']}, "
@@ -374,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"starting {args.api_nodes} API node(s), {args.workers} worker node(s); "
               f"logs: {out}", file=sys.stderr)  # fmt: skip
         with Cluster(out, args.api_nodes, args.workers, args.slots, settings,
-                     {"TMPDIR": tmp}) as cluster:  # fmt: skip
+                     {"TMPDIR": tmp}, sentinel=args.sentinel) as cluster:  # fmt: skip
             result = asyncio.run(soak(args, cluster, [work_root, tmp]))
     run: Run = result["run"]
     fig = report.figures(run)

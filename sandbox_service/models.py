@@ -52,7 +52,8 @@ class Status(str, enum.Enum):
     - ``killed``: ended by SIGKILL that no limit of ours sent (for example the kernel, or the
       service stopping before it finished).
     - ``queue_timeout``: its deadline passed before it could start; it never ran.
-    - ``rejected``: the service refused to run it (shutting down); it never ran.
+    - ``rejected``: the service refused to run it (shutting down), or Redis lost it (a failover,
+      a Redis restarted empty); no result will come for it, and sending it again is safe.
     - ``internal_error``: the sandbox itself failed. Never the program's fault.
     """
 

@@ -362,6 +362,33 @@ class Settings(BaseSettings):
     redis_tls_key_file: str = Field(
         default="", description="The client certificate's private key (rediss://)."
     )
+    redis_sentinels: CommaList = Field(
+        default_factory=list,
+        description="Redis Sentinels (host:port,...) to ask for the primary, followed across "
+        "failovers; redis_url then gives only the scheme, credentials and database.",
+    )
+    redis_sentinel_master: str = Field(
+        default="sandbox", min_length=1, description="The primary's name in the Sentinels."
+    )
+    redis_sentinel_password_file: str = Field(
+        default="",
+        description="File holding the Sentinels' own password (their requirepass), if they "
+        "have one.",
+    )
+
+    @field_validator("redis_sentinels", mode="before")
+    @classmethod
+    def _split_sentinels(cls, value: object) -> object:
+        return cls._split(value)
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinel_addresses(cls, value: list[str]) -> list[str]:
+        for address in value:
+            host, sep, port = address.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"{address!r} is not host:port")
+        return value
 
     @field_validator("sandboxfusion_networks", "codejudge_networks", mode="before")
     @classmethod

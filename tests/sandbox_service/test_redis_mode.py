@@ -282,7 +282,7 @@ def _redis_outage(redis: RedisServer, api: ServiceProcess, worker: ServiceProces
         redis.start()
         restarted.set()
         [lost] = running.result().json()["results"]  # Redis came back without it: said so
-    assert lost["status"] == "internal_error" and "lost the queue" in lost["message"]
+    assert lost["status"] == "rejected" and "lost the queue" in lost["message"]
     thread.join()
     codes = [response.status_code for _, _, response in records]
     assert codes[-5:] == [200] * 5  # recovered, with the same processes
@@ -293,8 +293,8 @@ def _redis_outage(redis: RedisServer, api: ServiceProcess, worker: ServiceProces
             continue
         assert response.status_code == 200
         for result in response.json()["results"]:
-            assert result["status"] in ("ok", "internal_error"), result
-            if result["status"] == "internal_error":
+            assert result["status"] in ("ok", "rejected"), result
+            if result["status"] == "rejected":
                 assert "lost the queue" in result["message"]
     for url in (api.url, worker.url):
         assert httpx.get(f"{url}/readyz", timeout=5).status_code == 200

@@ -4,6 +4,12 @@
 ``queue.redis.scripts`` by SHA (loading them again after a Redis restart), and turns an unreachable
 Redis into ``QueueUnavailable``. A job travels as JSON (``WireJob``); a chunk is a JSON list
 of jobs; ``Settlement`` is one call of the settle script.
+
+With ``redis_sentinels`` set, the primary is asked of the Sentinels on every new connection,
+so a node follows a failover on its own; a primary that turned replica (``READONLY``) is a
+dropped connection, never a write to a replica. Every write also raises this link's own mark
+(``Keys.mark``): a mark that comes back lower than one already seen means Redis lost writes
+it had acknowledged (a failover to a replica that lagged), and ``on_loss`` is called.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import contextlib
 import json
 import logging
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,9 +28,17 @@ import redis.asyncio as aioredis
 from prometheus_client import Counter
 from pydantic import BaseModel, TypeAdapter
 from redis.asyncio.client import Pipeline
+from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
-from redis.exceptions import AuthenticationError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+)
 from redis.maint_notifications import MaintNotificationsConfig
 
 from sandbox_service.metrics import Metrics
@@ -41,6 +56,10 @@ BLOCK_MS = 1000  # blocking reads return this often, so loops notice shutdown
 REPLY_MAXLEN = 100_000  # a reply stream nobody reads any more stays bounded
 BACKOFF_S = (0.05, 0.1, 0.25, 0.5, 1.0)
 NOT_CACHED = (Status.rejected, Status.internal_error)  # as the in-process queue
+MARK_TTL_S = 3600  # a node's mark outlives any pause of it; a stopped node's goes away
+MARK_WINDOW = 4 * MAX_CONNECTIONS  # replies of concurrent calls come back at most this disordered
+FOLLOW_S = 1.0  # with Sentinels, how often a node checks it still talks to their primary
+DEMOTED = ("READONLY", "UNBLOCKED")  # a primary that became a replica says so with these
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +72,18 @@ def redacted(url: str) -> str:
     return f"{scheme}{sep}{rest}"
 
 
-def credentials(settings: Settings) -> dict[str, Any]:
-    """Connection options beyond the URL: an ACL user, a password read from a file (a mounted
-    Secret: its first line), and for ``rediss://`` the CA and client certificate to use."""
+def read_secret(path: str, setting: str) -> str:
+    """The first line of a file (a mounted Secret)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readline().rstrip("\r\n")
+    except OSError as exc:  # a start-up error (the CLI prints it and exits 1)
+        raise OSError(f"cannot read {setting}: {exc}") from None
+
+
+def tls_options(settings: Settings) -> dict[str, Any]:
+    """For ``rediss://``: the CA and client certificate to use."""
     options: dict[str, Any] = {}
-    if settings.redis_username:
-        options["username"] = settings.redis_username
-    if settings.redis_password_file:
-        try:
-            with open(settings.redis_password_file, encoding="utf-8") as f:
-                options["password"] = f.readline().rstrip("\r\n")
-        except OSError as exc:  # a start-up error (the CLI prints it and exits 1)
-            raise OSError(f"cannot read redis_password_file: {exc}") from None
     if settings.redis_url.startswith("rediss://"):
         for name, setting in (("ssl_ca_certs", settings.redis_tls_ca_file),
                               ("ssl_certfile", settings.redis_tls_cert_file),
@@ -72,6 +91,72 @@ def credentials(settings: Settings) -> dict[str, Any]:
             if setting:
                 options[name] = setting
     return options
+
+
+def credentials(settings: Settings) -> dict[str, Any]:
+    """Connection options beyond the URL: an ACL user, a password read from a file (a mounted
+    Secret: its first line), and for ``rediss://`` the CA and client certificate to use."""
+    options: dict[str, Any] = tls_options(settings)
+    if settings.redis_username:
+        options["username"] = settings.redis_username
+    if settings.redis_password_file:
+        options["password"] = read_secret(settings.redis_password_file, "redis_password_file")
+    return options
+
+
+class SentinelBlockingPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
+    """A pool that asks the Sentinels for the primary on every new connection, bounded as the
+    plain one: a burst of requests waits for a connection instead of opening thousands."""
+
+
+def connect(settings: Settings) -> aioredis.Redis:
+    """The client of a node: to ``redis_url``, or to the primary the Sentinels name."""
+    common: dict[str, Any] = dict(
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        retry=Retry(NoBackoff(), 1),  # once, at once: a pooled connection may be stale
+        maint_notifications_config=MaintNotificationsConfig(enabled=False),  # Redis 7 OSS
+    )
+    bounds: dict[str, Any] = {"max_connections": MAX_CONNECTIONS, "timeout": SOCKET_TIMEOUT_S}
+    if not settings.redis_sentinels:
+        pool = aioredis.BlockingConnectionPool.from_url(
+            settings.redis_url, **credentials(settings), **bounds, **common
+        )
+        return aioredis.Redis.from_pool(pool)
+    # The URL's scheme, credentials and database serve the primary; its host is not used.
+    options = {**parse_url(settings.redis_url), **credentials(settings)}
+    tls = options.pop("connection_class", None) is not None
+    options.pop("host", None)
+    options.pop("port", None)
+    sentinel_options: dict[str, Any] = {
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": CONNECT_TIMEOUT_S,
+        **({"ssl": True, **tls_options(settings)} if tls else {}),
+    }
+    if settings.redis_sentinel_password_file:
+        sentinel_options["password"] = read_secret(
+            settings.redis_sentinel_password_file, "redis_sentinel_password_file"
+        )
+    sentinels = [
+        (host, int(port)) for host, _, port in (a.rpartition(":") for a in settings.redis_sentinels)
+    ]
+    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options)
+    client: aioredis.Redis = sentinel.master_for(
+        settings.redis_sentinel_master,
+        connection_pool_class=SentinelBlockingPool,
+        ssl=tls,
+        **options,
+        **bounds,
+        **common,
+    )
+    return client
+
+
+def demoted(exc: BaseException) -> bool:
+    """Did a primary that became a replica refuse a write (or end a blocking read)?"""
+    return isinstance(exc, ReadOnlyError) or (
+        isinstance(exc, ResponseError) and str(exc).startswith(DEMOTED)
+    )
 
 
 def backoff(attempt: int) -> float:
@@ -193,33 +278,37 @@ class Settlement:
 
 
 class RedisLink:
-    """One node's connection to Redis: counts round trips, runs the scripts, and turns an
-    unreachable Redis into ``QueueUnavailable``. Reconnection is redis-py's: a broken
-    connection is replaced on the next command."""
+    """One node's connection to Redis: counts round trips, runs the scripts, turns an
+    unreachable Redis into ``QueueUnavailable`` and notices writes Redis lost (``on_loss``).
+    Reconnection is redis-py's: a broken connection is replaced on the next command."""
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.where = redacted(settings.redis_url)
+        if settings.redis_sentinels:
+            self.where = (
+                f"{settings.redis_sentinel_master} (Sentinels {','.join(settings.redis_sentinels)})"
+            )
         self.keys = Keys(settings.redis_prefix)
-        # Bounded: a burst of requests waits for a connection instead of opening thousands.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            settings.redis_url,
-            **credentials(settings),
-            max_connections=MAX_CONNECTIONS,
-            timeout=SOCKET_TIMEOUT_S,
-            socket_connect_timeout=CONNECT_TIMEOUT_S,
-            socket_timeout=SOCKET_TIMEOUT_S,
-            retry=Retry(NoBackoff(), 1),  # once, at once: a pooled connection may be stale
-            maint_notifications_config=MaintNotificationsConfig(enabled=False),  # Redis 7 OSS
-        )
-        self.client = aioredis.Redis.from_pool(pool)
+        self.client = connect(settings)
         self.round_trips = 0
         self._round_trips = Counter(
             "sandbox_redis_round_trips_total",
             "Round trips to Redis (a pipeline or a script call is one)",
             registry=metrics.registry,
         )
+        self.lost_writes = Counter(
+            "sandbox_redis_lost_writes_total",
+            "Times Redis was found to have lost writes it had acknowledged to this node "
+            "(a failover to a replica that lagged)",
+            registry=metrics.registry,
+        )
         self.reachable = False
         self.epoch: bytes | None = None
+        self.mark = self.keys.mark(secrets.token_hex(6))
+        self.on_loss: Callable[[], None] = lambda: None
+        self._marks_seen: set[int] = set()
+        self._mark_high = 0
+        self._next_follow = 0.0
 
     def _count(self) -> None:
         self.round_trips += 1
@@ -236,12 +325,21 @@ class RedisLink:
             f"the queue is unreachable (Redis at {self.where}: {exc}); retry later"
         )
 
+    async def _demoted(self, exc: BaseException) -> QueueUnavailable:
+        """The server we write to is a replica now: drop every connection to it (the next
+        ones ask the Sentinels, or DNS, again), and count it an outage."""
+        with contextlib.suppress(RedisError, OSError):
+            await self.client.connection_pool.disconnect()
+        return self.unavailable(exc)
+
     async def call(self, command: str, *args: Any, **kwargs: Any) -> Any:
         """One command. Redis's own refusals (ResponseError) pass through unchanged."""
         self._count()
         try:
             result = await getattr(self.client, command)(*args, **kwargs)
-        except ResponseError:
+        except ResponseError as exc:
+            if demoted(exc):
+                raise await self._demoted(exc) from exc
             self.reachable = True
             raise
         except (RedisError, OSError) as exc:
@@ -250,11 +348,9 @@ class RedisLink:
         return result
 
     async def script(self, script: Script, keys: list[str], args: list[Any]) -> Any:
-        try:
-            return await self.call("evalsha", script.sha, len(keys), *keys, *args)
-        except NoScriptError:  # Redis restarted since we last loaded it
-            await self.load_scripts()
-            return await self.call("evalsha", script.sha, len(keys), *keys, *args)
+        """One script call (and this link's mark), in one round trip."""
+        [result] = await self.pipeline(lambda pipe: self.add_script(pipe, script, keys, args))
+        return result
 
     @staticmethod
     def add_script(pipe: Pipeline, script: Script, keys: list[str], args: list[Any]) -> None:
@@ -265,25 +361,79 @@ class RedisLink:
             await self.call("script_load", script.source)
 
     async def pipeline(self, fill: Callable[[Pipeline], object]) -> list[Any]:
-        """Commands queued by ``fill``, sent in one round trip (not a transaction). Run again
-        once if a script was missing: every command we pipeline may safely run twice."""
+        """Commands queued by ``fill``, then this link's mark, sent in one round trip (not a
+        transaction); the results of ``fill``'s commands. Run again once if a script was
+        missing: every command we pipeline may safely run twice."""
+        await self.follow()
         for attempt in range(2):
             pipe = self.client.pipeline(transaction=False)
             fill(pipe)
+            pipe.incr(self.mark)
+            pipe.expire(self.mark, MARK_TTL_S)
             self._count()
             try:
-                results = await pipe.execute(raise_on_error=False)
+                *results, mark, _ = await pipe.execute(raise_on_error=False)
             except (RedisError, OSError) as exc:
                 raise self.unavailable(exc) from exc
+            refused = [r for r in (*results, mark) if isinstance(r, Exception) and demoted(r)]
+            if refused:
+                raise await self._demoted(refused[0])
             self.reachable = True
+            if isinstance(mark, int):
+                self._check_mark(mark)
             if attempt == 0 and any(isinstance(r, NoScriptError) for r in results):
                 await self.load_scripts()
                 continue
             for r in results:
                 if isinstance(r, Exception):
                     raise r
-            return list(results)
+            return results
         raise AssertionError("unreachable")
+
+    async def follow(self) -> None:
+        """With Sentinels, at most every ``FOLLOW_S``: close the connections to a server they
+        no longer name primary. A primary that was cut off and came back still says it is one
+        until they demote it (seconds later): new connections go to the new primary, but open
+        ones would go on writing to the old one, and all of that would be lost."""
+        pool = self.client.connection_pool
+        if not isinstance(pool, SentinelConnectionPool) or time.monotonic() < self._next_follow:
+            return
+        self._next_follow = time.monotonic() + FOLLOW_S
+        try:
+            primary = await pool.get_master_address()  # type: ignore[no-untyped-call]
+        except (RedisError, OSError):
+            return  # no Sentinel answers: the commands themselves will say so
+        connections = [*getattr(pool, "_available_connections", ()),
+                       *getattr(pool, "_in_use_connections", ())]  # fmt: skip
+        for connection in connections:
+            if connection.is_connected and (connection.host, connection.port) != primary:
+                log.warning("closing a connection to %s:%s, no longer the primary",
+                            connection.host, connection.port)  # fmt: skip
+                with contextlib.suppress(RedisError, OSError):
+                    await connection.disconnect()
+
+    def _check_mark(self, value: int) -> None:
+        """Every call returns a mark never returned before, unless Redis lost writes: one
+        already seen, or one below those still in flight, says it did. Calls in flight
+        together may come back in any order, hence the window instead of a plain maximum."""
+        if value in self._marks_seen or value <= self._mark_high - MARK_WINDOW:
+            self.lost_writes.inc()
+            log.warning(
+                "Redis at %s lost writes it had acknowledged (a failover to a replica that "
+                "lagged?): checking what this node is waiting for",
+                self.where,
+            )
+            self._marks_seen.clear()
+            self._mark_high = value
+            self._marks_seen.add(value)
+            self.on_loss()
+            return
+        self._marks_seen.add(value)
+        if value > self._mark_high:
+            self._mark_high = value
+            if len(self._marks_seen) > 2 * MARK_WINDOW:
+                floor = value - MARK_WINDOW
+                self._marks_seen = {v for v in self._marks_seen if v > floor}
 
     @staticmethod
     def epoch_offer() -> bytes:
@@ -310,3 +460,7 @@ class RedisLink:
     async def close(self) -> None:
         with contextlib.suppress(RedisError, OSError):
             await self.client.aclose()
+        sentinels = getattr(self.client.connection_pool, "sentinel_manager", None)
+        if sentinels is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await sentinels.aclose()

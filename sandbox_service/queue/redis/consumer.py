@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 RECLAIM_COUNT = 32  # chunks taken over per heartbeat
 SHUTDOWN_WRITE_S = 10.0  # a stopping worker gives up settling after this (Redis down)
+REPLAY_MAX = 4096  # settled chunks kept to settle again after a failover lost them
 
 # ---------------------------------------------------------------- the worker node's face
 
@@ -106,6 +107,9 @@ class RedisJobSource:
         self._closed = False
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._tenants: list[str] = []  # tenants take may choose from (it asks for more)
+        self._settled: deque[tuple[float, Settlement]] = deque()  # sent again if Redis lost them
+        self._woken = False  # the last bell read took a token: the next take owes none
+        self.link.on_loss = self._lost_writes
 
     async def start(self, describe: Callable[[], dict[str, Any]]) -> None:
         self.describe = describe
@@ -195,18 +199,20 @@ class RedisJobSource:
         once (it named tenants we did not know), False once the bell rang or timed out."""
         k = self.keys
         names = [k.jobs, k.fair, k.active, k.bell, *(k.ready(t) for t in self._tenants)]
-        args = [GROUP, self.name, len(self._tenants), *self._tenants, repr(INITIAL_MEAN_S)]
+        args = [GROUP, self.name, len(self._tenants), *self._tenants, repr(INITIAL_MEAN_S),
+                int(self._woken)]  # fmt: skip
         reply = await self.link.script(TAKE, names, args)
         kind = reply[0]
         if kind == b"tenants":
             self._tenants = sorted({*self._tenants, *(t.decode() for t in reply[1:])})
             return None
+        self._woken = False
         if kind == b"chunk":
             self._hold(reply[1], _fields(reply[2]), float(reply[3]))
             return True
         if self.burst:
             return False
-        await self.link.call("xread", {k.bell: reply[1]}, count=1, block=BLOCK_MS)
+        self._woken = bool(await self.link.call("blpop", [k.bell], timeout=BLOCK_MS / 1000))
         return False
 
     def _holding_a_retry(self) -> bool:
@@ -371,6 +377,27 @@ class RedisJobSource:
                 failures = 0
                 for settlement in batch:
                     self._held.pop(settlement.chunk_id, None)  # type: ignore[arg-type]
+                self._keep_settled(batch)
+
+    def _keep_settled(self, batch: list[Settlement]) -> None:
+        """Settlements of the last visibility timeout, to send again if Redis loses them:
+        their chunks' results then still come, without running them again."""
+        now = time.monotonic()
+        self._settled.extend((now, settlement) for settlement in batch)
+        horizon = now - self.settings.visibility_timeout_s
+        while self._settled and (self._settled[0][0] < horizon or len(self._settled) > REPLAY_MAX):
+            self._settled.popleft()
+
+    def _lost_writes(self) -> None:
+        """Redis lost writes it had acknowledged (a failover): settle again what was settled
+        lately. Settling twice is safe: the second finds its chunk gone and only publishes
+        the results again, which the API node drops if it has them."""
+        again = [settlement for _, settlement in self._settled]
+        self._settled.clear()
+        if again:
+            log.warning("settling %d recent chunks again after Redis lost writes", len(again))
+            self._settling[:0] = again
+            self._write_wake.set()
 
     # ------------------------------------------------------------- heartbeat
 

@@ -19,8 +19,9 @@ key                            type        what
                                            ``weight:``, ``cap:`` (max_in_flight), ``queued:``
                                            (waiting+running), ``running:`` (held by workers);
                                            ``clock``: the virtual time of the last choice
-``{p}:bell``                   stream      one entry (MAXLEN 1) renewed when work arrives:
-                                           idle workers block on it
+``{p}:wake``                   list        the bell: a token per chunk no worker took yet;
+                                           an idle worker blocks on it (BLPOP), so
+                                           one chunk wakes one worker
 ``{p}:depth``                  string      jobs admitted and not yet settled (waiting+running)
 ``{p}:epoch``                  string      random token set once; a new one means Redis lost
                                            its data (restarted empty): in-flight work is gone
@@ -31,6 +32,8 @@ key                            type        what
 ``{p}:result:<t>:<id>``        string      stored result of tenant t's request ``id`` (TTL)
 ``{p}:claim:<t>:<id>``         string      job key of the running job with that ``id``
 ``{p}:waiters:<t>:<id>``       set         reply streams of other API nodes waiting on it
+``{p}:mark:<link>``            string      a counter each node's connection raises with every
+                                           write: one that went back means Redis lost writes
 =============================  ==========  =====================================================
 """
 
@@ -60,7 +63,7 @@ class Keys:
 
     @property
     def bell(self) -> str:
-        return f"{self.prefix}:bell"
+        return f"{self.prefix}:wake"  # a list; ``:bell`` was a stream (older versions)
 
     def ready(self, tenant: str) -> str:
         return f"{self.prefix}:ready:{tenant}"
@@ -95,6 +98,9 @@ class Keys:
 
     def waiters(self, request_id: str) -> str:
         return f"{self.prefix}:waiters:{request_id}"
+
+    def mark(self, link: str) -> str:
+        return f"{self.prefix}:mark:{link}"
 
     def of_id(self, request_id: str) -> list[str]:
         """The three keys of an idempotent request, in the order the scripts expect;

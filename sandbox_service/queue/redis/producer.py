@@ -4,7 +4,8 @@ A batch is admitted in one script call (``scripts.ADMIT``: idempotency by ``id``
 tenant quotas checked together), travels as chunks on the job stream, and its results come
 back on this node's own reply stream, read by one blocking reader task: no polling. Chunks no
 worker has taken by their start-by time are answered here ``queue_timeout``; a job never
-answered ends ``internal_error``; a Redis that came back empty is recognised by its epoch.
+answered ends ``internal_error``; a Redis that came back empty (its epoch) or a failover
+that lost writes (the link's mark) has what it lost answered ``rejected`` (``reconcile``).
 Guarantees and the design choices behind them: docs/redis.md.
 """
 
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import Counter
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
@@ -67,6 +69,9 @@ SWEEP_S = 0.25  # API node: how often deadlines are checked while requests wait
 IDLE_SWEEP_S = 1.0
 LOST_GRACE_S = 30.0  # beyond timeout + visibility before a job counts as lost
 ORPHANS_MAX = 4096  # results that arrived before (or after) anyone waited for them
+LOST_ADVICE = (
+    "it may have run, but its result will never come: send it again (rejected: safe to resend)"
+)
 
 # ---------------------------------------------------------------- the API node's face
 
@@ -135,6 +140,15 @@ class RedisQueue(Queue):
         self._next_lost_check = 0.0
         self._rates = RateLimiter()
         self._tenant_counts: dict[str, tuple[int, int]] = {}
+        self._recovery: asyncio.Task[None] | None = None
+        self.lost = Counter(
+            "sandbox_redis_lost_requests_total",
+            "Requests answered rejected because Redis lost them (a failover to a replica that "
+            "lagged, or a Redis that restarted empty)",
+            registry=metrics.registry,
+        )
+        self._recheck = False
+        self.link.on_loss = self._lost_writes
 
     @property
     def in_flight(self) -> int:
@@ -374,19 +388,98 @@ class RedisQueue(Queue):
 
     def _lost_everything(self) -> None:
         log.error(
-            "Redis at %s lost its data (restarted empty?): answering %d pending "
-            "requests internal_error",
+            "Redis at %s lost its data (restarted empty?): answering %d pending requests rejected",
             self.link.where,
             len(self._waiting),
         )
         message = (
             f"Redis at {self.link.where} lost the queue (it restarted without its data) while "
-            "this request was pending; it may or may not have run; send it again"
+            f"this request was pending; {LOST_ADVICE}"
         )
         for job in list(self._waiting.values()):
-            self._answer_here(job, Status.internal_error, message)
+            self.lost.inc()
+            self._answer_here(job, Status.rejected, message)
         self._sent.clear()
         self._last_id = b"0-0"
+
+    def _lost_writes(self) -> None:
+        """The link saw Redis lose writes it had acknowledged: find out what of ours went."""
+        self._recheck = True
+        if self._recovery is None or self._recovery.done():
+            self._recovery = asyncio.create_task(self._recover(), name="redis-recover")
+
+    async def _recover(self) -> None:
+        failures = 0
+        while self._recheck and not self._closed:
+            self._recheck = False
+            try:
+                await self.reconcile()
+            except Exception as exc:
+                loop_failed("checking what Redis lost", exc, logging.WARNING)
+                self._recheck = True
+                await asyncio.sleep(backoff(failures))
+                failures += 1
+
+    async def reconcile(self) -> None:
+        """One round trip after Redis lost writes (a failover to a lagging replica): each
+        chunk of ours the primary no longer has, and each joined id no longer running, whose
+        result did not come is answered ``rejected`` as lost. Its existence is asked before the
+        reply stream is read: a chunk settled meanwhile left its results there."""
+        k, s = self.keys, self.settings
+        claim_ttl_ms = int(1000 * (s.max_queue_wait_s + s.max_timeout_s
+                                   + s.visibility_timeout_s + LOST_GRACE_S))  # fmt: skip
+        chunks = [chunk for chunk in self._sent.values() if self._open(chunk)]
+        ours = {key for chunk in chunks for key in chunk.keys}
+        joined = [job for job in self._waiting.values()
+                  if job.key not in ours and job.request.id is not None]  # fmt: skip
+
+        def fill(pipe: Pipeline) -> None:
+            for chunk in chunks:
+                pipe.xrange(k.jobs, chunk.id, chunk.id, count=1)
+            for job in joined:
+                result, claim, waiters = k.of_id(scoped(job.tenant, str(job.request.id)))
+                pipe.sadd(waiters, self.reply)  # the join itself may be what was lost
+                pipe.pexpire(waiters, claim_ttl_ms)
+                pipe.get(claim)
+                pipe.get(result)
+            pipe.xrange(self.reply, "-", "+")
+
+        results = await self.link.pipeline(fill)
+        entries = results[-1]
+        for _entry_id, fields in entries:
+            for key, body in fields.items():
+                self._deliver(key.decode(), body)
+        self._last_id = entries[-1][0] if entries else b"0-0"  # the new primary's stream
+        lost = self._gone(chunks, joined, results)
+        if lost:
+            log.error(
+                "Redis at %s lost %d requests this node waited for (a failover?): answering "
+                "them rejected",
+                self.link.where,
+                len(lost),
+            )
+        message = f"Redis at {self.link.where} lost this request in a failover; {LOST_ADVICE}"
+        for job in lost:
+            self.lost.inc()
+            self._answer_here(job, Status.rejected, message)
+
+    def _gone(self, chunks: list[Sent], joined: list[Job], results: list[Any]) -> list[Job]:
+        """What ``reconcile`` found lost: the open jobs of chunks Redis no longer has, and
+        joined jobs neither running nor answered."""
+        lost = []
+        for chunk, found in zip(chunks, results, strict=False):
+            if not found:
+                lost += self._open(chunk)
+                self._sent.pop(chunk.id, None)
+        for i, job in enumerate(joined):
+            claim, stored = results[len(chunks) + 4 * i + 2 : len(chunks) + 4 * i + 4]
+            if job.key not in self._waiting or claim == job.key.encode():
+                continue  # answered, or still running: its result comes to us
+            if stored is not None:
+                self._deliver(job.key, stored)
+            else:
+                lost.append(job)
+        return lost
 
     def _answer_lost(self, now: float) -> None:
         """No request waits for ever: past every deadline a worker could still meet, the

@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
+WAKE_MAX = 1024  # tokens the bell keeps at most: a backlog wakes every idle worker anyway
+
 
 @dataclass(frozen=True)
 class Script:
@@ -24,7 +26,9 @@ class Script:
     sha: str = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
+        source = self.source.replace("WAKE_MAX", str(WAKE_MAX))
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "sha", hashlib.sha1(source.encode()).hexdigest())
 
 
 # KEYS: jobs, depth, epoch, fair, active, bell, ready (of this tenant), then (result, claim,
@@ -109,7 +113,10 @@ if not redis.call('ZSCORE', active, tenant) then
   local clock = tonumber(redis.call('HGET', fair, 'clock') or '0')
   redis.call('ZADD', active, math.max(vtime, clock), tenant)
 end
-redis.call('XADD', bell, 'MAXLEN', '1', '*', 'a', '1')
+local tokens = {}
+for c = 1, chunks do tokens[c] = '1' end
+redis.call('RPUSH', bell, unpack(tokens))
+redis.call('LTRIM', bell, -WAKE_MAX, -1)
 return out
 """,
 )
@@ -121,7 +128,10 @@ return out
 # Returns {'chunk', entry id, fields, estimate}: the chunk, now in this consumer's pending list
 # (XCLAIM FORCE: no reader uses XREADGROUP, so the group's own order is never used);
 # {'tenants', name, ...}: a tenant with work the worker did not name (it calls again with all of
-# them); or {'empty', bell id}: nothing it may take, block on the bell from that id.
+# them); or {'empty'}: nothing it may take, block on the bell (BLPOP). ARGV after the mean:
+# 1 if the worker was woken by a token of the bell (it took it), 0 if it took none: a chunk
+# taken then removes a token, so that the bell holds about one per chunk no worker took and
+# wakes one worker per chunk, not every idle one.
 TAKE = Script(
     "take",
     """
@@ -164,13 +174,12 @@ for o = 1, #order, 2 do
       else
         redis.call('ZREM', active, t)
       end
+      if ARGV[5 + known] ~= '1' then redis.call('LPOP', bell) end
       return {'chunk', got[1][1], got[1][2], tostring(estimate)}
     end
   end
 end
-local last = redis.call('XREVRANGE', bell, '+', '-', 'COUNT', 1)
-if #last > 0 then return {'empty', last[1][1]} end
-return {'empty', '0-0'}
+return {'empty'}
 """,
 )
 
@@ -220,7 +229,8 @@ if removed == 1 then
     end
     local cap = tonumber(redis.call('HGET', fair, 'cap:' .. tenant) or '0')
     if cap > 0 and redis.call('LLEN', ready) > 0 then
-      redis.call('XADD', bell, 'MAXLEN', '1', '*', 'a', '1')
+      redis.call('RPUSH', bell, '1')
+      redis.call('LTRIM', bell, -WAKE_MAX, -1)
     end
   else
     redis.call('LREM', ready, 1, n .. '|' .. chunk)
@@ -263,7 +273,8 @@ if removed == 1 and requeue > 0 then
     local clock = tonumber(redis.call('HGET', fair, 'clock') or '0')
     redis.call('ZADD', active, math.max(vtime, clock), tenant)
   end
-  redis.call('XADD', bell, 'MAXLEN', '1', '*', 'a', '1')
+  for _ = 1, requeue do redis.call('RPUSH', bell, '1') end
+  redis.call('LTRIM', bell, -WAKE_MAX, -1)
 end
 return removed
 """,

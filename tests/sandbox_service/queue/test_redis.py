@@ -156,7 +156,7 @@ def test_redis_that_lost_its_data_is_noticed(redis_server: RedisServer, prefix: 
         keys = Keys(prefix)
         await queue.link.client.delete(keys.jobs, keys.depth, keys.epoch)  # as a restart would
         results = await pending
-        assert {r.status for r in results} == {Status.internal_error}
+        assert {r.status for r in results} == {Status.rejected}
         assert "lost the queue" in results[0].message
         await queue.close()
 
@@ -228,7 +228,7 @@ def test_sweep_survives_a_restart_noticed_by_a_submit_meanwhile(
         queue.link.pipeline = restart_noticed_meanwhile  # type: ignore[method-assign]
         await queue.sweep()
         results = await pending
-        assert {r.status for r in results} == {Status.internal_error}
+        assert {r.status for r in results} == {Status.rejected}
         await source.close()
         await queue.close()
 
@@ -263,7 +263,7 @@ def test_a_second_restart_is_noticed_when_the_same_node_reaches_redis_first(
                 await b.sweep()
             await b.sweep()
             [result] = await asyncio.wait_for(pending, 5)
-            assert result.status is Status.internal_error, restart
+            assert result.status is Status.rejected, restart
             assert "lost the queue" in result.message
         await a.close()
         await b.close()
