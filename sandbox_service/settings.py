@@ -229,6 +229,13 @@ class Settings(BaseSettings):
         ge=1,
         description="Sessions kept at once; beyond, the least recently used is forgotten.",
     )
+    sandboxfusion_start_slack_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="A /run_code request not started within its run_timeout plus this many "
+        "seconds (verl gives up on it at compile_timeout + run_timeout + 10 s) is answered 504, "
+        "which verl's client retries, instead of running for a client that has gone.",
+    )
     codejudge_timeout_s: float = Field(
         default=10.0,
         gt=0,

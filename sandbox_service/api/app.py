@@ -25,6 +25,7 @@ import sandbox_service
 from sandbox_service.api import codejudge, errors, health, native, sandboxfusion, verify
 from sandbox_service.api import sessions as session_routes
 from sandbox_service.api.auth import Authenticate, anonymous_fronts
+from sandbox_service.api.disconnect import Disconnects
 from sandbox_service.api.errors import BodyTooLarge
 from sandbox_service.metrics import CONTENT_TYPE
 from sandbox_service.models import BatchRequest, ExecuteRequest
@@ -181,6 +182,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.runtime = rt
     app.state.keys = store
+    app.add_middleware(Disconnects)  # innermost: it owns receive once the body is read
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_mb * 1024 * 1024)
     if store is not None:  # outermost: nothing is read of a request that has no key
         app.add_middleware(

@@ -39,6 +39,7 @@ from sandbox_service.api.compat import (
     native_request,
     return_code,
 )
+from sandbox_service.api.disconnect import submission
 from sandbox_service.api.native import BODY_ERRORS, body_of, json_response, parse
 from sandbox_service.cell_program import Cell, Driven, Program, new_nonce, program
 from sandbox_service.cell_program import parse as parse_driven
@@ -49,6 +50,7 @@ from sandbox_service.models import (
     JsonFloat,
     JsonInt,
     Mode,
+    Status,
 )
 from sandbox_service.queue.base import QueueFull, QueueUnavailable
 
@@ -150,10 +152,11 @@ def run_status(command: CommandRunResult) -> tuple[OverallStatus, str]:
     return "Success", ""
 
 
-def _busy(request: Request, exc: Exception) -> Response:
+def _busy(request: Request, why: str, retry: int | None = None) -> Response:
+    """504, which verl's client retries (a sandbox busy or unreachable for now)."""
     request.app.state.runtime.metrics.refused.labels("504").inc()
-    retry = getattr(exc, "retry_after", request.app.state.settings.retry_after_s)
-    return JSONResponse({"detail": str(exc)}, status_code=504, headers={"Retry-After": str(retry)})
+    retry = retry or request.app.state.settings.retry_after_s
+    return JSONResponse({"detail": why}, status_code=504, headers={"Retry-After": str(retry)})
 
 
 async def _execute(
@@ -163,10 +166,14 @@ async def _execute(
     apart; a Response when the queue cannot take it."""
     if wrapped is not None:  # limits were checked on the caller's code, not on the driver
         native = native.model_copy(update={"code": wrapped.code, "stdin": wrapped.stdin})
+    asked = submission(request, [native])
+    asked.start_within_s = native.timeout_s + request.app.state.settings.sandboxfusion_start_slack_s
     try:
-        [result] = await request.app.state.runtime.queue.submit([native], tenant_of(request))
+        [result] = await request.app.state.runtime.queue.run(asked)
     except (QueueFull, QueueUnavailable) as exc:
-        return _busy(request, exc)
+        return _busy(request, str(exc), getattr(exc, "retry_after", None))
+    if result.status is Status.queue_timeout:  # its client gives up about now: it may retry
+        return _busy(request, f"this sandbox is busy: {result.message}; retry")
     if wrapped is None:
         return result, Driven(outputs=[result.stdout], errors=[result.stderr])
     return result, parse_driven(result.stdout, result.stderr, nonce)

@@ -285,6 +285,25 @@ class Slot:
                 await self.kill()
             return result
 
+    def interrupt(self) -> bool:
+        """Kill the execution running now and keep the zygote warm: SIGKILL to its child's
+        process group (each execution leads its own), which the zygote reaps and answers like
+        any killed run. False where no such child is found (a zygote behind a wrapper, no
+        ``/proc/PID/task/PID/children``) or it cannot be signalled: then only ``kill`` stops
+        the run."""
+        pid = self.proc.pid if self.proc is not None else None
+        if pid is None:
+            return False
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = [int(c) for c in f.read().split()]
+            leaders = [c for c in children if os.getpgid(c) == c != os.getpgrp()]
+            for child in leaders:
+                os.killpg(child, signal.SIGKILL)
+        except (OSError, ValueError):
+            return False
+        return bool(leaders)
+
     async def wait_exit(self) -> None:
         """Return once the current zygote process has exited (at once if there is none)."""
         if self.proc is not None:

@@ -69,6 +69,7 @@ class RedisRuntime:
             isolation=cluster.isolation,
             executions=cluster.executions,
             reclaimed=cluster.reclaimed,
+            dropped=dict(self.metrics.dropped_by),
             limits={**limits(self.settings), "chunk_size": self.settings.chunk_size},
             uptime_s=round(time.monotonic() - self.started_at, 3),
         )
