@@ -54,6 +54,13 @@ class Settings(BaseSettings):
         default_factory=lambda: list(DEFAULT_PRELOAD),
         description="Modules each zygote imports once, so executions start with them loaded.",
     )
+    python_path: CommaList = Field(
+        default_factory=list,
+        description="Directories added to the executions' import path (after the service's "
+        "own), for packages a task needs (a reward's scorer, a checker): install into one "
+        "with `pip install --target DIR`; keep it unwritable by the slots' uids. Name a module "
+        "of it in preload to import it once per zygote.",
+    )
     warmup: str = Field(
         default=DEFAULT_WARMUP,
         description=(
@@ -197,7 +204,12 @@ class Settings(BaseSettings):
     )
 
     @field_validator(
-        "preload", "require_isolation", "disable_isolation", "hide_paths", mode="before"
+        "preload",
+        "python_path",
+        "require_isolation",
+        "disable_isolation",
+        "hide_paths",
+        mode="before",
     )
     @classmethod
     def _split(cls, value: object) -> object:

@@ -53,13 +53,14 @@ class CanaryFailed(SlotStartError):
     """A zygote started but could not run the canary program correctly."""
 
 
-def _zygote_env() -> dict[str, str]:
-    """The zygote's whole environment: nothing of the service's, so no secret reaches it."""
+def _zygote_env(python_path: list[str]) -> dict[str, str]:
+    """The zygote's whole environment: nothing of the service's, so no secret reaches it. Its
+    import path: the service's package first (nothing shadows it), then ``python_path``."""
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(sandbox_service.__file__)))
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "LANG": "C.UTF-8",
-        "PYTHONPATH": package_parent,
+        "PYTHONPATH": os.pathsep.join([package_parent, *python_path]),
         "PYTHONDONTWRITEBYTECODE": "1",
     }
 
@@ -111,7 +112,7 @@ async def launch_local(
             pass_fds=[child.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
-            env=_zygote_env(),
+            env=_zygote_env(cfg.python_path),
             cwd="/",
         )
     finally:
