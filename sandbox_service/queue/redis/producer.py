@@ -139,6 +139,7 @@ class RedisQueue(Queue):
         self._next_lost_check = 0.0
         self._rates = RateLimiter()
         self._tenant_counts: dict[str, tuple[int, int]] = {}
+        self._posted: set[str] = set()  # abandoned job keys already told to the workers
 
     @property
     def in_flight(self) -> int:
@@ -248,8 +249,9 @@ class RedisQueue(Queue):
             raise
 
     def _abandon(self, jobs: list[Job]) -> None:
-        """The client went away: jobs no other request on this node waits for are marked,
-        and the next sweep drops their chunks that no worker has taken (``_due``)."""
+        """The client went away: jobs no other request on this node waits for are marked;
+        the next sweep drops their chunks that no worker has taken (``_due``) and tells the
+        workers the keys of the others (``abandoned``: they drop or kill them)."""
         for job in jobs:
             waiting = self._waiting.get(job.key)
             if waiting is not None:
@@ -370,8 +372,17 @@ class RedisQueue(Queue):
     async def sweep(self) -> None:
         """One round trip: notice a Redis that lost its data, read the depth, keep the reply
         stream trimmed and alive, and answer chunks whose deadline passed untaken."""
-        due = self._due(time.time())
+        now = time.time()
+        due = self._due(now)
         ttl = self.settings.result_ttl_s
+        forget_at = now + self.settings.max_queue_wait_s + self.settings.max_timeout_s
+        abandoned = {
+            key: forget_at
+            for key, job in self._waiting.items()
+            if job.abandoned.is_set() and key not in self._posted
+        }
+        self._posted &= set(self._waiting)
+        self._posted |= set(abandoned)
 
         offers: list[bytes] = []  # the pipeline runs twice if a script was missing
 
@@ -381,6 +392,9 @@ class RedisQueue(Queue):
             pipe.xtrim(self.reply, minid=self._last_id, approximate=False)
             pipe.expire(self.reply, REPLY_TTL_S)
             pipe.hgetall(self.keys.fair)
+            pipe.zremrangebyscore(self.keys.abandoned, "-inf", now)
+            if abandoned:
+                pipe.zadd(self.keys.abandoned, abandoned)
             for settlement in due:
                 self.link.add_script(pipe, SETTLE, *settlement.call(self.keys, ttl))
 
@@ -390,7 +404,7 @@ class RedisQueue(Queue):
             return
         self.cluster_depth = int(results[1] or 0)
         self._tenant_counts = tenant_counts(results[4])
-        for settlement, outcome in zip(due, results[5:], strict=True):
+        for settlement, outcome in zip(due, results[6 + bool(abandoned) :], strict=True):
             # Not there if a submit noticed a Redis restart (and forgot every chunk) meanwhile.
             chunk = self._sent.get(settlement.chunk_id)  # type: ignore[arg-type]
             if outcome == -1 and chunk is not None:

@@ -5,6 +5,7 @@ code-judge front refused whole."""
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 from sandbox_service.service_process import ServiceProcess, start
+from tests.sandbox_service.redis_helpers import RedisServer
 
 SPIN = "while True: pass"
 
@@ -144,3 +146,39 @@ def test_run_code_that_cannot_start_within_its_budget_answers_504(tmp_path: Path
             assert again["run_result"]["stdout"] == "1\n"
     finally:
         svc.stop()
+
+
+def test_redis_mode_drops_what_a_gone_client_left(
+    redis_server: RedisServer, prefix: str, tmp_path: Path
+) -> None:
+    """The same in Redis mode: the API node drops the chunks no worker took, and tells the
+    worker (through the heartbeat's round trip) to drop what it holds and kill what it runs."""
+    common: dict[str, Any] = {"redis_url": redis_server.url, "redis_prefix": prefix, "preload": "math",
+              "warmup": "", "heartbeat_interval_s": 0.3, "max_timeout_s": 30}  # fmt: skip
+    api = start(str(tmp_path / "api.log"), command=("api",), **common)
+    worker = start(str(tmp_path / "worker.log"), command=("worker",), port_setting="worker_metrics_port",
+                   slots=2, uid_base=random.randrange(20_000, 60_000, 256), **common)  # fmt: skip
+    try:
+        body = {"code": SPIN, "language": "python", "run_timeout": 10}
+        timed_out = asyncio.run(_give_up_after(api.url, [body] * 40, "/run_code", 3.0))
+        gone = time.monotonic()
+        assert timed_out == 40
+        deadline = gone + 30
+        while time.monotonic() < deadline:
+            status = _status(api.url)
+            if status["queue_depth"] == 0 and status["in_flight"] == 0:
+                break
+            time.sleep(0.05)
+        emptied = time.monotonic() - gone
+        assert status["queue_depth"] == 0 and status["in_flight"] == 0, status
+        answer = httpx.post(f"{api.url}/v1/execute", json={"code": "print(1)"}, timeout=60).json()
+        answered = time.monotonic() - gone
+        assert answer["status"] == "ok" and answer["stdout"] == "1\n"
+        print(f"Redis mode: queue empty {emptied:.2f} s after the client left; "
+              f"print(1) answered at {answered:.2f} s")  # fmt: skip
+        metrics = httpx.get(f"{worker.url}/metrics", timeout=30).text
+        assert 'sandbox_dropped_total{where="running"} 2.0' in metrics
+        assert "timeout" not in _status(api.url)["executions"]  # type: ignore[operator]
+    finally:
+        worker.stop()
+        api.stop()
