@@ -56,10 +56,11 @@ class Settings(BaseSettings):
     )
     python_path: CommaList = Field(
         default_factory=list,
-        description="Directories added to the executions' import path (after the service's "
-        "own), for packages a task needs (a reward's scorer, a checker): install into one "
-        "with `pip install --target DIR`; keep it unwritable by the slots' uids. Name a module "
-        "of it in preload to import it once per zygote.",
+        description="Directories added to the executions' import path, for packages a task "
+        "needs (a reward's scorer, a checker): `pip install --no-deps --target DIR` (they come "
+        "before site-packages, so a package there would override the service's own numpy or "
+        "sympy). Keep them unwritable by the slots' uids; name a module of one in preload to "
+        "import it once per zygote.",
     )
     warmup: str = Field(
         default=DEFAULT_WARMUP,

@@ -55,7 +55,8 @@ class CanaryFailed(SlotStartError):
 
 def _zygote_env(python_path: list[str]) -> dict[str, str]:
     """The zygote's whole environment: nothing of the service's, so no secret reaches it. Its
-    import path: the service's package first (nothing shadows it), then ``python_path``."""
+    import path: the service's package first (nothing shadows it), then ``python_path`` (both
+    before site-packages, as PYTHONPATH always is)."""
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(sandbox_service.__file__)))
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",

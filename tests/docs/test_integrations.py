@@ -50,8 +50,11 @@ def _function_schema(schema: dict[str, Any], name: str, required: list[str]) -> 
 # (volcengine/verl at b178a3c, lines 111-126 of initialize_tools_from_config) takes each
 # entry of `tools`, its `class_name`, `ToolType(config.type)` ("native" or "mcp"; a missing
 # key raises ConfigAttributeError) and, for native tools, validates `tool_schema` as
-# verl/tools/schemas.py's OpenAIFunctionToolSchema before `tool_cls(config=..., ...)`. verl
-# itself is not installed here (it pulls torch); these models copy its schema's fields.
+# verl/tools/schemas.py's OpenAIFunctionToolSchema before `tool_cls(config=..., ...)` (the
+# same in verl 0.9.1 on PyPI, verl/tools/tool_registry.py, native only). verl is not installed
+# here (it pulls torch and ray); these models copy its schema's fields. Run by hand against
+# verl 0.9.1's own loader (installed --no-deps, its imports of torch and transformers stubbed),
+# both snippets load and the old ones fail with ConfigAttributeError: Missing key type.
 class VerlProperty(BaseModel):
     type: str
     description: str | None = None
