@@ -43,13 +43,15 @@ def _status(url: str) -> dict[str, object]:
     return status
 
 
-def test_a_client_that_gives_up_leaves_nothing_running(two_slots: ServiceProcess) -> None:
-    url = two_slots.url
+def _abandon_spinners(url: str, count: int, mode: str) -> dict[str, object]:
+    """``count`` CPU-bound 10 s /run_code requests sent at once and given up after 3 s (verl's
+    way); waits for the queue to empty and for a new print(1), prints how long each took, and
+    returns the status read once the queue was empty."""
     body = {"code": SPIN, "language": "python", "run_timeout": 10}
-    timed_out = asyncio.run(_give_up_after(url, [body] * 100, "/run_code", 3.0))
+    timed_out = asyncio.run(_give_up_after(url, [body] * count, "/run_code", 3.0))
     gone = time.monotonic()
-    assert timed_out == 100
-    deadline = gone + 30  # room for a loaded machine; the figure is printed
+    assert timed_out == count
+    deadline = gone + 30  # room for a loaded machine; the figures are printed
     while time.monotonic() < deadline:
         status = _status(url)
         if status["queue_depth"] == 0 and status["in_flight"] == 0:
@@ -60,9 +62,14 @@ def test_a_client_that_gives_up_leaves_nothing_running(two_slots: ServiceProcess
     answer = httpx.post(f"{url}/v1/execute", json={"code": "print(1)"}, timeout=60).json()
     answered = time.monotonic() - gone
     assert answer["status"] == "ok" and answer["stdout"] == "1\n"
-    print(
-        f"queue empty {emptied:.2f} s after the client left; print(1) answered at {answered:.2f} s"
-    )
+    print(f"{mode}, {count} given up: queue empty {emptied:.2f} s after the client left; "
+          f"print(1) answered at {answered:.2f} s")  # fmt: skip
+    return status
+
+
+def test_a_client_that_gives_up_leaves_nothing_running(two_slots: ServiceProcess) -> None:
+    url = two_slots.url
+    status = _abandon_spinners(url, 100, "embedded")
     dropped = status["dropped"]
     assert isinstance(dropped, dict)
     assert dropped.get("running") == 2 and dropped.get("queued", 0) == 98
@@ -159,23 +166,7 @@ def test_redis_mode_drops_what_a_gone_client_left(
     worker = start(str(tmp_path / "worker.log"), command=("worker",), port_setting="worker_metrics_port",
                    slots=2, uid_base=random.randrange(20_000, 60_000, 256), **common)  # fmt: skip
     try:
-        body = {"code": SPIN, "language": "python", "run_timeout": 10}
-        timed_out = asyncio.run(_give_up_after(api.url, [body] * 40, "/run_code", 3.0))
-        gone = time.monotonic()
-        assert timed_out == 40
-        deadline = gone + 30
-        while time.monotonic() < deadline:
-            status = _status(api.url)
-            if status["queue_depth"] == 0 and status["in_flight"] == 0:
-                break
-            time.sleep(0.05)
-        emptied = time.monotonic() - gone
-        assert status["queue_depth"] == 0 and status["in_flight"] == 0, status
-        answer = httpx.post(f"{api.url}/v1/execute", json={"code": "print(1)"}, timeout=60).json()
-        answered = time.monotonic() - gone
-        assert answer["status"] == "ok" and answer["stdout"] == "1\n"
-        print(f"Redis mode: queue empty {emptied:.2f} s after the client left; "
-              f"print(1) answered at {answered:.2f} s")  # fmt: skip
+        _abandon_spinners(api.url, 40, "Redis mode")
         metrics = httpx.get(f"{worker.url}/metrics", timeout=30).text
         assert 'sandbox_dropped_total{where="running"} 2.0' in metrics
         assert "timeout" not in _status(api.url)["executions"]  # type: ignore[operator]
