@@ -87,6 +87,8 @@ def _publish_limits(components: dict[str, Any], settings: Settings) -> None:
     request["stdin"]["maxLength"] = settings.max_stdin_chars
     request["files"]["description"] += f" At most {settings.max_files_bytes} bytes decoded."
     components["BatchRequest"]["properties"]["requests"]["maxItems"] = settings.max_batch
+    if "BatchSubmission" in components:  # code-judge's batches: refused whole above max_batch
+        components["BatchSubmission"]["properties"]["submissions"]["maxItems"] = settings.max_batch
     if "VerifyRequest" in components:
         limit = min(settings.max_timeout_s, verify.MAX_ITEM_TIMEOUT_S)
         components["VerifyRequest"]["properties"]["timeout_s"]["maximum"] = limit
