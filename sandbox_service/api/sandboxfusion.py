@@ -14,7 +14,10 @@ CommandRunResult, RunJupyterRequest/Response, CellRunResult) and its ``parse_run
   input over this server's size limits, or a file that is not base64 answer ``SandboxError``
   saying why; a body of the wrong shape answers 422 as FastAPI (and so SandboxFusion) does.
   Time and memory limits above this server's maxima are lowered to them.
-- A full or unreachable queue answers 504 with Retry-After: the status verl's client retries.
+- A full or unreachable queue answers 504 with Retry-After: the status verl's client retries
+  (``call_sandbox_api``, which gives up on a request after compile_timeout + run_timeout +
+  10 s). So does a request not started within its time limit plus
+  ``sandboxfusion_start_slack_s``: by then its client has stopped waiting.
 - ``fetch_files``: the driver (``cell_driver``) reads them inside the sandbox after the code,
   so a program stopped by a limit returns none.
 - ``/run_jupyter``: the cells run in order in one interpreter; a cell's error does not stop
