@@ -14,11 +14,12 @@ import contextlib
 import logging
 import time
 
+from sandbox_service.executor.compiler import Compiled, Compiler
 from sandbox_service.executor.pool import SlotPool
-from sandbox_service.executor.protocol import Mode, Outcome, RunSpec, RunStatus
+from sandbox_service.executor.protocol import Limits, Outcome, RunSpec, RunStatus
 from sandbox_service.executor.slot import CanaryFailed, Slot, SlotCrashed, SlotStartError
 from sandbox_service.metrics import Metrics
-from sandbox_service.models import ExecuteResult, Status
+from sandbox_service.models import CompileResult, ExecuteResult, Status
 from sandbox_service.queue.base import (
     DROPPED,
     MAX_ATTEMPTS,
@@ -44,8 +45,19 @@ def restart_backoff(failures: int) -> float:
 def zygote_request(job: Job) -> RunSpec[str]:
     """The executor's view of a request: what to run and under which limits, nothing else."""
     r = job.request
-    return RunSpec(code=r.code, stdin=r.stdin, mode=Mode(r.mode.value), files=r.files,
-                   timeout_s=r.timeout_s, memory_mb=r.memory_mb)  # fmt: skip
+    limits = Limits(timeout_s=r.timeout_s, memory_mb=r.memory_mb)
+    return RunSpec(code=r.code, stdin=r.stdin, mode=r.mode, files=r.files, limits=limits,
+                   language=r.language)  # fmt: skip
+
+
+def compile_result(compiled: Compiled | None) -> CompileResult | None:
+    if compiled is None:
+        return None
+    b = compiled.build
+    return CompileResult(status=Status(b.status.value), exit_code=b.exit_code, signal=b.signal,
+                         stdout=b.stdout,
+                         stderr=b.stderr, wall_time_s=b.wall_time_s, cached=compiled.cached,
+                         message=b.message)  # fmt: skip
 
 
 class SlotLoop:
@@ -60,6 +72,7 @@ class SlotLoop:
         self.metrics = metrics
         self.name = name
         self.executions = 0
+        self.compiler = Compiler(settings.compile_cache_mb * 1024 * 1024)  # shared by the slots
         self._tasks: list[asyncio.Task[None]] = []
         self._supervisors: list[asyncio.Task[None]] = []
 
@@ -127,7 +140,7 @@ class SlotLoop:
                 return
             taken = time.monotonic()
             try:
-                on = self.pool.zygote_for(slot.index, job.request.code)
+                on = self.pool.zygote_for(slot.index, job.request.code, job.request.language)
                 await on.wait_healthy()  # it may have died while we waited for work
                 result = await self.run(on, job)
             except asyncio.CancelledError:
@@ -153,16 +166,17 @@ class SlotLoop:
             self.metrics.drop("queued")
             return result_for(job, Status.rejected, DROPPED, self.name)
         try:
-            outcome = await self._execute(slot, job)
+            ran = await self._execute(slot, job)
         except SlotCrashed as exc:
             log.warning("%s (attempt %d of %d)", exc, job.attempts + 1, MAX_ATTEMPTS)
             if job.attempts + 1 < MAX_ATTEMPTS:
                 return None
             why = f"{exc}; gave up after {MAX_ATTEMPTS} attempts"
-            outcome = Outcome(status=RunStatus.internal_error, message=why)
-        if outcome is None:
+            ran = Outcome(status=RunStatus.internal_error, message=why), None
+        if ran is None:
             self.metrics.drop("running")
             return result_for(job, Status.killed, DROPPED, f"{self.name}/{slot.index}")
+        outcome, compiled = ran
         return ExecuteResult(
             id=job.request.id,
             status=Status(outcome.status.value),
@@ -178,13 +192,14 @@ class SlotLoop:
             queue_time_s=round(started - job.enqueued_at, 6),
             worker=f"{self.name}/{slot.index}",
             message=outcome.message,
+            compile=compile_result(compiled),
         )
 
-    async def _execute(self, slot: Slot, job: Job) -> Outcome[str] | None:
-        """The job's outcome, or None if it was abandoned while running: then its execution
-        is killed (``Slot.interrupt``), or, where that cannot be done, its zygote (which its
-        supervisor restarts)."""
-        execution = asyncio.ensure_future(slot.execute(zygote_request(job)))
+    async def _execute(self, slot: Slot, job: Job) -> tuple[Outcome[str], Compiled | None] | None:
+        """The job's outcome (and its build, if compiled), or None if it was abandoned while
+        running: then its execution (or compile) is killed (``Slot.interrupt``), or, where that
+        cannot be done, its zygote (which its supervisor restarts)."""
+        execution = asyncio.ensure_future(self.compiler.execute(slot, zygote_request(job)))
         gone = asyncio.ensure_future(job.abandoned.wait())
         try:
             await asyncio.wait((execution, gone), return_when=asyncio.FIRST_COMPLETED)
