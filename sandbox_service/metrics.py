@@ -65,6 +65,13 @@ class Metrics:
         self.executions = Counter(
             "sandbox_executions_total", "Executions answered, by status", ["status"], registry=r
         )
+        self.dropped = Counter(
+            "sandbox_dropped_total",
+            "Jobs dropped because their client went away: queued (never ran) or running (killed)",
+            ["where"],
+            registry=r,
+        )
+        self.dropped_by: Tally[str] = Tally()
         self.queue_wait = Histogram(
             "sandbox_queue_wait_seconds",
             "Time from queueing to the start of execution",
@@ -140,6 +147,12 @@ class Metrics:
             return OTHER
         self._labels.add(tenant)
         return tenant
+
+    def drop(self, where: str, count: int = 1) -> None:
+        """``count`` jobs dropped because their client went away: ``queued`` (never started)
+        or ``running`` (killed)."""
+        self.dropped_by[where] += count
+        self.dropped.labels(where).inc(count)
 
     def observe(self, result: ExecuteResult, tenant: str = DEFAULT_TENANT) -> None:
         status = result.status.value

@@ -326,6 +326,11 @@ class StatusReport(BaseModel):
     )
     executions: dict[str, int] = Field(default_factory=dict)
     reclaimed: int = 0
+    dropped: dict[str, int] = Field(
+        default_factory=dict,
+        description="Jobs dropped because their client went away: queued (never ran), running "
+        "(killed); on this node.",
+    )
     limits: dict[str, float | int] = Field(
         default_factory=dict, description="Server maxima: max_batch, max_timeout_s, ..."
     )

@@ -35,9 +35,9 @@ from sandbox_service.models import (
     Status,
     merge_files,
 )
-from sandbox_service.queue.base import Queue, QueueFull, scoped
+from sandbox_service.queue.base import Queue, QueueFull, Submission, scoped
 from sandbox_service.settings import Settings
-from sandbox_service.tenants import DEFAULT, DEFAULT_TENANT, Tenant
+from sandbox_service.tenants import DEFAULT_TENANT
 
 
 @dataclass
@@ -129,22 +129,19 @@ class Sessions:
             raise RequestRejected(422, found)
 
     async def submit(
-        self,
-        queue: Queue,
-        requests: Sequence[ExecuteRequest],
-        batch: bool = True,
-        tenant: Tenant = DEFAULT,
+        self, queue: Queue, submission: Submission, batch: bool = True
     ) -> list[ExecuteResult]:
-        """Run ``requests``; results in order. Those with a ``session_id`` go through their
-        session, one at a time per session; the others are submitted first, together, so a
-        full queue refuses the batch (429) before any session has changed."""
+        """Run ``submission``'s requests; results in order. Those with a ``session_id`` go
+        through their session, one at a time per session; the others are submitted first,
+        together, so a full queue refuses the batch (429) before any session has changed."""
+        requests, tenant = submission.requests, submission.tenant
         if all(r.session_id is None for r in requests):
-            return await queue.submit(requests, tenant)
+            return await queue.run(submission)
         self._check_room(requests, batch, tenant.name)
         results: list[ExecuteResult | None] = [None] * len(requests)
         plain = [i for i, r in enumerate(requests) if r.session_id is None]
         if plain:
-            answered = await queue.submit([requests[i] for i in plain], tenant)
+            answered = await queue.run(submission.part([requests[i] for i in plain]))
             for i, result in zip(plain, answered, strict=True):
                 results[i] = result
         chains: dict[str, list[int]] = defaultdict(list)
@@ -153,7 +150,7 @@ class Sessions:
                 chains[r.session_id].append(i)
         done = await asyncio.gather(
             *(
-                self._chain(queue, tenant, sid, [requests[i] for i in ix])
+                self._chain(queue, submission.part([requests[i] for i in ix]), sid)
                 for sid, ix in chains.items()
             )
         )
@@ -162,26 +159,24 @@ class Sessions:
                 results[i] = result
         return [r for r in results if r is not None]
 
-    async def _chain(
-        self, queue: Queue, tenant: Tenant, session_id: str, requests: list[ExecuteRequest]
-    ) -> list[ExecuteResult]:
+    async def _chain(self, queue: Queue, chain: Submission, session_id: str) -> list[ExecuteResult]:
         """One session's requests, in order; once one is refused the rest are too (``rejected``:
         the client may resend them, and order is kept)."""
-        session = self.get(session_id, tenant.name)
+        session = self.get(session_id, chain.tenant.name)
         results: list[ExecuteResult] = []
         async with session.lock:
-            for request in requests:
+            for request in chain.requests:
                 if results and results[-1].status is Status.rejected:
                     why = "an earlier cell of its session was refused; it did not run"
                     results.append(
                         ExecuteResult(id=request.id, status=Status.rejected, message=why)
                     )
                 else:
-                    results.append(await self._step(queue, tenant, session, request))
+                    results.append(await self._step(queue, chain, session, request))
         return results
 
     async def _step(
-        self, queue: Queue, tenant: Tenant, session: Session, request: ExecuteRequest
+        self, queue: Queue, chain: Submission, session: Session, request: ExecuteRequest
     ) -> ExecuteResult:
         nonce = _nonce(session.id, request.id)
         driver = program(
@@ -194,7 +189,7 @@ class Sessions:
         update = {"code": driver.code, "stdin": driver.stdin, "mode": Mode.script, "files": files}
         wrapped = request.model_copy(update=update)
         try:
-            [result] = await queue.submit([wrapped], tenant)
+            [result] = await queue.run(chain.part([wrapped]))
         except QueueFull as exc:  # never ran: the client may send it again
             return ExecuteResult(id=request.id, status=Status.rejected, message=str(exc))
         driven = parse(result.stdout, result.stderr, nonce)

@@ -54,6 +54,14 @@ class Settings(BaseSettings):
         default_factory=lambda: list(DEFAULT_PRELOAD),
         description="Modules each zygote imports once, so executions start with them loaded.",
     )
+    python_path: CommaList = Field(
+        default_factory=list,
+        description="Directories added to the executions' import path, for packages a task "
+        "needs (a reward's scorer, a checker): `pip install --no-deps --target DIR` (they come "
+        "before site-packages, so a package there would override the service's own numpy or "
+        "sympy). Keep them unwritable by the slots' uids; name a module of one in preload to "
+        "import it once per zygote.",
+    )
     warmup: str = Field(
         default=DEFAULT_WARMUP,
         description=(
@@ -203,7 +211,12 @@ class Settings(BaseSettings):
     )
 
     @field_validator(
-        "preload", "require_isolation", "disable_isolation", "hide_paths", mode="before"
+        "preload",
+        "python_path",
+        "require_isolation",
+        "disable_isolation",
+        "hide_paths",
+        mode="before",
     )
     @classmethod
     def _split(cls, value: object) -> object:
@@ -234,6 +247,13 @@ class Settings(BaseSettings):
         default=10_000,
         ge=1,
         description="Sessions kept at once; beyond, the least recently used is forgotten.",
+    )
+    sandboxfusion_start_slack_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="A /run_code request not started within its run_timeout plus this many "
+        "seconds (verl gives up on it at compile_timeout + run_timeout + 10 s) is answered 504, "
+        "which verl's client retries, instead of running for a client that has gone.",
     )
     codejudge_timeout_s: float = Field(
         default=10.0,

@@ -20,12 +20,20 @@ from sandbox_service.executor.protocol import Limits, Outcome, RunSpec, RunStatu
 from sandbox_service.executor.slot import CanaryFailed, Slot, SlotCrashed, SlotStartError
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import CompileResult, ExecuteResult, Status
-from sandbox_service.queue.base import MAX_ATTEMPTS, Job, JobSource, queue_timeout, result_for
+from sandbox_service.queue.base import (
+    DROPPED,
+    MAX_ATTEMPTS,
+    Job,
+    JobSource,
+    queue_timeout,
+    result_for,
+)
 from sandbox_service.settings import Settings
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 30.0
+INTERRUPT_WAIT_S = 5.0  # for a zygote to answer a run whose child was killed; then it is killed
 
 
 def restart_backoff(failures: int) -> float:
@@ -142,8 +150,9 @@ class SlotLoop:
             if result is None:
                 await self.source.retry(job)
                 continue
-            self.executions += 1
-            self.metrics.observe(result, job.tenant)
+            if result.message != DROPPED:
+                self.executions += 1
+                self.metrics.observe(result, job.tenant)
             await self.source.done(job, result)
             took = time.monotonic() - taken
             self.metrics.tenant_slot_seconds.labels(self.metrics.label(job.tenant)).inc(took)
@@ -153,15 +162,21 @@ class SlotLoop:
         started = time.time()
         if started > job.start_by:
             return queue_timeout(job, self.settings.max_queue_wait_s, self.name)
-        compiled = None
+        if job.abandoned.is_set():
+            self.metrics.drop("queued")
+            return result_for(job, Status.rejected, DROPPED, self.name)
         try:
-            outcome, compiled = await self.compiler.execute(slot, zygote_request(job))
+            ran = await self._execute(slot, job)
         except SlotCrashed as exc:
             log.warning("%s (attempt %d of %d)", exc, job.attempts + 1, MAX_ATTEMPTS)
             if job.attempts + 1 < MAX_ATTEMPTS:
                 return None
             why = f"{exc}; gave up after {MAX_ATTEMPTS} attempts"
-            outcome = Outcome(status=RunStatus.internal_error, message=why)
+            ran = Outcome(status=RunStatus.internal_error, message=why), None
+        if ran is None:
+            self.metrics.drop("running")
+            return result_for(job, Status.killed, DROPPED, f"{self.name}/{slot.index}")
+        outcome, compiled = ran
         return ExecuteResult(
             id=job.request.id,
             status=Status(outcome.status.value),
@@ -179,6 +194,30 @@ class SlotLoop:
             message=outcome.message,
             compile=compile_result(compiled),
         )
+
+    async def _execute(self, slot: Slot, job: Job) -> tuple[Outcome[str], Compiled | None] | None:
+        """The job's outcome (and its build, if compiled), or None if it was abandoned while
+        running: then its execution (or compile) is killed (``Slot.interrupt``), or, where that
+        cannot be done, its zygote (which its supervisor restarts)."""
+        execution = asyncio.ensure_future(self.compiler.execute(slot, zygote_request(job)))
+        gone = asyncio.ensure_future(job.abandoned.wait())
+        try:
+            await asyncio.wait((execution, gone), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            execution.cancel()
+            raise
+        finally:
+            gone.cancel()
+        if execution.done():
+            return execution.result()
+        if slot.interrupt():
+            with contextlib.suppress(SlotCrashed, asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(execution), INTERRUPT_WAIT_S)
+        if not execution.done():
+            await slot.kill()
+        with contextlib.suppress(SlotCrashed, asyncio.CancelledError):
+            await execution
+        return None
 
     async def stop(self, grace_s: float) -> None:
         """Let running jobs finish for up to ``grace_s`` (the source must already be closed,

@@ -28,7 +28,6 @@ and ``judge_client.py``):
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -37,11 +36,14 @@ from typing import Literal
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
 
+from sandbox_service.api import policy
 from sandbox_service.api.auth import tenant_of
 from sandbox_service.api.compat import OUTCOMES, Refused, native_request
+from sandbox_service.api.disconnect import submission
 from sandbox_service.api.native import BODY_ERRORS, body_of, json_response, parse
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
 from sandbox_service.queue.base import Queue, QueueFull, QueueUnavailable
+from sandbox_service.queue.base import Submission as Queued
 from sandbox_service.settings import Settings
 from sandbox_service.tenants import Tenant
 
@@ -165,22 +167,26 @@ def _result(sub: Submission, sub_id: str, result: ExecuteResult, cut: int) -> Su
     )
 
 
-async def _chunk(
-    queue: Queue, requests: list[ExecuteRequest], tenant: Tenant
-) -> list[ExecuteResult]:
+async def _run(queue: Queue, asked: Queued) -> list[ExecuteResult]:
+    """The batch's results; when the queue cannot take it whole, each item answered the way
+    code-judge's clients resend (``queue_timeout``) or report (``internal_error``)."""
     try:
-        return await queue.submit(requests, tenant)
+        return await queue.run(asked)
     except QueueFull as exc:
         status, why = Status.queue_timeout, str(exc)
     except QueueUnavailable as exc:
         status, why = Status.internal_error, str(exc)
-    return [ExecuteResult(status=status, message=why) for _ in requests]
+    return [ExecuteResult(status=status, message=why) for _ in asked.requests]
 
 
-async def judge(request: Request, subs: Sequence[Submission]) -> list[SubmissionResult]:
-    """Run every submission; one result each, in order."""
+async def judge(
+    request: Request, subs: Sequence[Submission], loc: list[str | int]
+) -> list[SubmissionResult]:
+    """Run every submission, admitted to the queue as one batch (a batch over ``max_batch``
+    is refused whole, 422, before anything runs); one result each, in order."""
     settings: Settings = request.app.state.settings
     tenant = tenant_of(request)
+    policy.check_size(len(subs), settings, tenant, loc)
     ids = [sub.sub_id or str(uuid.uuid4()) for sub in subs]
     natives: list[ExecuteRequest | Refused] = []
     for sub in subs:
@@ -189,17 +195,16 @@ async def judge(request: Request, subs: Sequence[Submission]) -> list[Submission
         except Refused as exc:
             natives.append(exc)
     runnable = [(i, n) for i, n in enumerate(natives) if isinstance(n, ExecuteRequest)]
-    size = min(settings.max_batch, tenant.max_batch or settings.max_batch)
-    chunks = [runnable[i : i + size] for i in range(0, len(runnable), size)]
-    queue = request.app.state.runtime.queue
-    done = await asyncio.gather(*(_chunk(queue, [n for _, n in chunk], tenant) for chunk in chunks))
     results: list[SubmissionResult] = [
         _not_run(sub_id, Reason.invalid_input, str(native))
         for sub_id, native in zip(ids, natives, strict=True)
     ]
-    for chunk, chunk_results in zip(chunks, done, strict=True):
-        for (i, _), result in zip(chunk, chunk_results, strict=True):
-            results[i] = _result(subs[i], ids[i], result, settings.codejudge_max_output_chars)
+    if not runnable:
+        return results
+    asked = submission(request, [n for _, n in runnable])
+    done = await _run(request.app.state.runtime.queue, asked)
+    for (i, _), result in zip(runnable, done, strict=True):
+        results[i] = _result(subs[i], ids[i], result, settings.codejudge_max_output_chars)
     return results
 
 
@@ -224,10 +229,10 @@ def _endpoint(batch: bool, judged: bool) -> Callable[[Request], Awaitable[Respon
 
     async def endpoint(request: Request) -> Response:
         if not batch:
-            [result] = await judge(request, [await parse(request, Submission)])
+            [result] = await judge(request, [await parse(request, Submission)], ["body"])
             return json_response(_judged(result) if judged else result)
         subs = await parse(request, BatchSubmission)
-        results = await judge(request, subs.submissions)
+        results = await judge(request, subs.submissions, ["body", "submissions"])
         sub_id = subs.sub_id or str(uuid.uuid4())
         if judged:
             return json_response(

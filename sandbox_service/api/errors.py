@@ -11,14 +11,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
 from sandbox_service.models import ErrorDetail, RequestRejected
-from sandbox_service.queue.base import QueueFull, QueueUnavailable, QuotaExceeded
+from sandbox_service.queue.base import ClientGone, QueueFull, QueueUnavailable, QuotaExceeded
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,10 @@ def install(app: FastAPI) -> None:
         if isinstance(exc, QuotaExceeded):
             metrics.tenant_refused.labels(metrics.label(exc.tenant), exc.quota).inc()
         return _detail(429, str(exc), {"Retry-After": str(exc.retry_after)})
+
+    @app.exception_handler(ClientGone)
+    async def _gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
 
     @app.exception_handler(QueueUnavailable)
     async def _unavailable(request: Request, exc: QueueUnavailable) -> JSONResponse:

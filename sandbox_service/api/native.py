@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from sandbox_service.api import policy
 from sandbox_service.api.auth import tenant_of
+from sandbox_service.api.disconnect import submission
 from sandbox_service.api.errors import from_validation_error
 from sandbox_service.models import (
     BatchRequest,
@@ -75,9 +76,8 @@ async def execute(request: Request) -> Response:
     tenant = tenant_of(request)
     policy.check_one(execute_request, request.app.state.settings, tenant)
     queue = request.app.state.runtime.queue
-    [result] = await request.app.state.sessions.submit(
-        queue, [execute_request], batch=False, tenant=tenant
-    )
+    sessions = request.app.state.sessions
+    [result] = await sessions.submit(queue, submission(request, [execute_request]), batch=False)
     return json_response(result)
 
 
@@ -93,5 +93,5 @@ async def execute_batch(request: Request) -> Response:
     tenant = tenant_of(request)
     policy.check_batch(batch.requests, request.app.state.settings, tenant)
     queue = request.app.state.runtime.queue
-    results = await request.app.state.sessions.submit(queue, batch.requests, tenant=tenant)
+    results = await request.app.state.sessions.submit(queue, submission(request, batch.requests))
     return json_response(BatchResponse(results=results))

@@ -100,17 +100,25 @@ def check_one(request: ExecuteRequest, settings: Settings, tenant: Tenant = DEFA
     _raise(problems(request, settings, ["body"], tenant))
 
 
+def check_size(
+    size: int, settings: Settings, tenant: Tenant = DEFAULT, loc: list[str | int] | None = None
+) -> None:
+    """Refuse (422, naming the limit) a batch of ``size`` over the server's or the tenant's
+    ``max_batch``: every front refuses it whole, none splits it around the quota."""
+    limit, where = _limit(settings.max_batch, tenant.max_batch, tenant, "max_batch")
+    if size > limit:
+        _raise([ErrorDetail(
+            loc=loc or ["body", "requests"],
+            msg=f"batch of {size} requests; at most {limit:g} per batch {where}",
+            type="too_long",
+            ctx={"limit": int(limit), "size": size},
+        )])  # fmt: skip
+
+
 def check_batch(
     requests: Sequence[ExecuteRequest], settings: Settings, tenant: Tenant = DEFAULT
 ) -> None:
-    limit, where = _limit(settings.max_batch, tenant.max_batch, tenant, "max_batch")
-    if len(requests) > limit:
-        _raise([ErrorDetail(
-            loc=["body", "requests"],
-            msg=f"batch of {len(requests)} requests; at most {limit:g} per batch {where}",
-            type="too_long",
-            ctx={"limit": int(limit), "size": len(requests)},
-        )])  # fmt: skip
+    check_size(len(requests), settings, tenant)
     found: list[ErrorDetail] = []
     for i, request in enumerate(requests):
         found.extend(problems(request, settings, ["body", "requests", i], tenant))

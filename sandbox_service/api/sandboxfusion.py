@@ -20,7 +20,10 @@ CommandRunResult, RunJupyterRequest/Response, CellRunResult) and its ``parse_run
   a file that is not base64 answer ``SandboxError`` saying why; a body of the wrong shape
   answers 422 as FastAPI (and so SandboxFusion) does.
   Time and memory limits above this server's maxima are lowered to them.
-- A full or unreachable queue answers 504 with Retry-After: the status verl's client retries.
+- A full or unreachable queue answers 504 with Retry-After: the status verl's client retries
+  (``call_sandbox_api``, which gives up on a request after compile_timeout + run_timeout +
+  10 s). So does a request not started within its time limit plus
+  ``sandboxfusion_start_slack_s``: by then its client has stopped waiting.
 - ``fetch_files``: the driver (``cell_driver``) reads them inside the sandbox after the code,
   so a program stopped by a limit returns none.
 - ``/run_jupyter``: the cells run in order in one interpreter; a cell's error does not stop
@@ -45,6 +48,7 @@ from sandbox_service.api.compat import (
     native_request,
     return_code,
 )
+from sandbox_service.api.disconnect import submission
 from sandbox_service.api.native import BODY_ERRORS, body_of, json_response, parse
 from sandbox_service.cell_program import Cell, Driven, Program, new_nonce, program
 from sandbox_service.cell_program import parse as parse_driven
@@ -182,10 +186,11 @@ def run_status(
     return "Success", ""
 
 
-def _busy(request: Request, exc: Exception) -> Response:
+def _busy(request: Request, why: str, retry: int | None = None) -> Response:
+    """504, which verl's client retries (a sandbox busy or unreachable for now)."""
     request.app.state.runtime.metrics.refused.labels("504").inc()
-    retry = getattr(exc, "retry_after", request.app.state.settings.retry_after_s)
-    return JSONResponse({"detail": str(exc)}, status_code=504, headers={"Retry-After": str(retry)})
+    retry = retry or request.app.state.settings.retry_after_s
+    return JSONResponse({"detail": why}, status_code=504, headers={"Retry-After": str(retry)})
 
 
 async def _execute(
@@ -195,10 +200,14 @@ async def _execute(
     apart; a Response when the queue cannot take it."""
     if wrapped is not None:  # limits were checked on the caller's code, not on the driver
         native = native.model_copy(update={"code": wrapped.code, "stdin": wrapped.stdin})
+    asked = submission(request, [native])
+    asked.start_within_s = native.timeout_s + request.app.state.settings.sandboxfusion_start_slack_s
     try:
-        [result] = await request.app.state.runtime.queue.submit([native], tenant_of(request))
+        [result] = await request.app.state.runtime.queue.run(asked)
     except (QueueFull, QueueUnavailable) as exc:
-        return _busy(request, exc)
+        return _busy(request, str(exc), getattr(exc, "retry_after", None))
+    if result.status is Status.queue_timeout:  # its client gives up about now: it may retry
+        return _busy(request, f"this sandbox is busy: {result.message}; retry")
     if wrapped is None:
         return result, Driven(outputs=[result.stdout], errors=[result.stderr])
     return result, parse_driven(result.stdout, result.stderr, nonce)

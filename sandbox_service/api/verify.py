@@ -16,7 +16,7 @@ import json
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field, StrictBool
 
-from sandbox_service.api.auth import tenant_of
+from sandbox_service.api.disconnect import submission
 from sandbox_service.api.native import ERRORS, body_of, json_response, parse
 from sandbox_service.cell_program import new_nonce
 from sandbox_service.models import (
@@ -113,17 +113,18 @@ def _unfinished(result: ExecuteResult, timeout_s: float) -> VerifyResult:
 
 
 async def verify_all(request: Request, body: VerifyRequest) -> list[VerifyResult]:
-    queue, tenant = request.app.state.runtime.queue, tenant_of(request)
+    queue = request.app.state.runtime.queue
     indexed = list(enumerate(body.items))
     chunks = [indexed[i : i + CHUNK] for i in range(0, len(indexed), CHUNK)]
     nonce = new_nonce()
-    ran = await queue.submit([_request(c, body.timeout_s, nonce) for c in chunks], tenant)
+    asked = submission(request, [_request(c, body.timeout_s, nonce) for c in chunks])
+    ran = await queue.run(asked)
     verdicts: dict[int, VerifyResult] = {}
     for result in ran:
         verdicts.update(_verdicts(result, nonce))
     missing = [pair for pair in indexed if pair[0] not in verdicts]
     if missing:  # a chunk was cut short: each of its unanswered items alone
-        alone = await queue.submit([_request([p], body.timeout_s, nonce) for p in missing], tenant)
+        alone = await queue.run(asked.part([_request([p], body.timeout_s, nonce) for p in missing]))
         for (index, _), result in zip(missing, alone, strict=True):
             found = _verdicts(result, nonce)
             verdicts[index] = found.get(index) or _unfinished(result, body.timeout_s)

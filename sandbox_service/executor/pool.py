@@ -47,6 +47,7 @@ def zygote_config(
         layers=[layer for layer in OPTIONAL_LAYERS if layer not in settings.disable_isolation],
         preload=stdlib_only(settings.preload) if light else list(settings.preload),
         warmup="" if light else settings.warmup,
+        python_path=list(settings.python_path),
         work_root=settings.work_root,
         hide_paths=list(settings.hide_paths),
         tmpfs_mb=settings.tmpfs_mb,

@@ -67,6 +67,7 @@ class ZygoteConfig:
     gid: int | None = None
     preload: list[str] = field(default_factory=list)
     warmup: str = ""
+    python_path: list[str] = field(default_factory=list)  # more import directories
 
 
 class Mode(str, Enum):

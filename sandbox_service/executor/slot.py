@@ -54,13 +54,15 @@ class CanaryFailed(SlotStartError):
     """A zygote started but could not run the canary program correctly."""
 
 
-def _zygote_env() -> dict[str, str]:
-    """The zygote's whole environment: nothing of the service's, so no secret reaches it."""
+def _zygote_env(python_path: list[str]) -> dict[str, str]:
+    """The zygote's whole environment: nothing of the service's, so no secret reaches it. Its
+    import path: the service's package first (nothing shadows it), then ``python_path`` (both
+    before site-packages, as PYTHONPATH always is)."""
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(sandbox_service.__file__)))
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "LANG": "C.UTF-8",
-        "PYTHONPATH": package_parent,
+        "PYTHONPATH": os.pathsep.join([package_parent, *python_path]),
         "PYTHONDONTWRITEBYTECODE": "1",
     }
 
@@ -112,7 +114,7 @@ async def launch_local(
             pass_fds=[child.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
-            env=_zygote_env(),
+            env=_zygote_env(cfg.python_path),
             cwd="/",
         )
     finally:
@@ -285,6 +287,25 @@ class Slot:
                 # It could not clean up after this run and exits on its own: never reuse it.
                 await self.kill()
             return result
+
+    def interrupt(self) -> bool:
+        """Kill the execution running now and keep the zygote warm: SIGKILL to its child's
+        process group (each execution leads its own), which the zygote reaps and answers like
+        any killed run. False where no such child is found (a zygote behind a wrapper, no
+        ``/proc/PID/task/PID/children``) or it cannot be signalled: then only ``kill`` stops
+        the run."""
+        pid = self.proc.pid if self.proc is not None else None
+        if pid is None:
+            return False
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = [int(c) for c in f.read().split()]
+            leaders = [c for c in children if os.getpgid(c) == c != os.getpgrp()]
+            for child in leaders:
+                os.killpg(child, signal.SIGKILL)
+        except (OSError, ValueError):
+            return False
+        return bool(leaders)
 
     async def wait_exit(self) -> None:
         """Return once the current zygote process has exited (at once if there is none)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import math
 import os
 import socket
 import time
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
-from sandbox_service.tenants import DEFAULT, DEFAULT_TENANT, Tenant
+from sandbox_service.tenants import DEFAULT, DEFAULT_TENANT, RateLimiter, Tenant
 
 MAX_ATTEMPTS = 2  # a job whose zygote died under it runs once more, then is answered
 
@@ -32,31 +33,48 @@ def node_name() -> str:
 class QueueFull(Exception):
     """Admitting the batch would exceed the queue's maximum depth (HTTP 429)."""
 
-    def __init__(self, depth: int, limit: int, wanted: int, retry_after: int) -> None:
+    def __init__(
+        self, depth: int, limit: float, wanted: int, retry_after: int, message: str = ""
+    ) -> None:
         self.depth, self.limit, self.wanted, self.retry_after = depth, limit, wanted, retry_after
         super().__init__(
-            f"queue is full: {depth} jobs waiting or running, {wanted} more asked, "
+            message
+            or f"queue is full: {depth} jobs waiting or running, {wanted} more asked, "
             f"at most {limit}; retry after {retry_after} s"
         )
 
 
 class QuotaExceeded(QueueFull):
-    """The tenant is over one of its quotas (HTTP 429, naming it); other tenants are not."""
+    """The tenant is over one of its quotas (HTTP 429, naming it); other tenants are not.
+    ``depth``, ``limit`` and ``wanted`` are the quota's own: what the tenant holds (or asked
+    in the last second), the quota, what this batch asked."""
 
-    def __init__(self, tenant: str, quota: str, why: str, retry_after: int) -> None:
+    def __init__(
+        self, tenant: str, quota: str, why: str, retry_after: int, depth: int, limit: float,
+        wanted: int,
+    ) -> None:  # fmt: skip
         self.tenant, self.quota = tenant, quota
-        Exception.__init__(
-            self,
-            f"tenant {tenant!r} is over its quota {quota}: {why}; retry after {retry_after} s",
-        )
-        self.depth, self.limit, self.wanted, self.retry_after = 0, 0, 0, retry_after
+        message = f"tenant {tenant!r} is over its quota {quota}: {why}; retry after {retry_after} s"
+        super().__init__(depth, limit, wanted, retry_after, message)
 
 
 def check_queued(tenant: Tenant, held: int, fresh: int, retry_after: int) -> None:
     """Raise QuotaExceeded if ``fresh`` more jobs would take ``tenant`` over ``max_queued``."""
     if tenant.max_queued and fresh and held + fresh > tenant.max_queued:
         why = f"{held} jobs waiting or running, {fresh} more asked, at most {tenant.max_queued}"
-        raise QuotaExceeded(tenant.name, "max_queued", why, retry_after)
+        raise QuotaExceeded(
+            tenant.name, "max_queued", why, retry_after, held, tenant.max_queued, fresh
+        )
+
+
+def check_rate(rates: RateLimiter, tenant: Tenant, fresh: int) -> None:
+    """Take ``fresh`` executions from ``tenant``'s rate, or raise QuotaExceeded (max_rate) with
+    the whole seconds until they would fit (at least 1)."""
+    wait = rates.take(tenant, fresh)
+    if wait:
+        why = f"{fresh} executions asked, at most {tenant.max_rate:g} a second"
+        retry = max(1, math.ceil(wait))
+        raise QuotaExceeded(tenant.name, "max_rate", why, retry, 0, tenant.max_rate, fresh)
 
 
 def scoped(tenant: str, request_id: str) -> str:
@@ -70,6 +88,30 @@ class QueueUnavailable(Exception):
     (HTTP 503)."""
 
 
+class ClientGone(Exception):
+    """The submission's client went away before its answer; its work was dropped."""
+
+
+@dataclass(eq=False)
+class Submission:
+    """What every front hands the queue: the requests, whose they are, and whether the client
+    that sent them is still there (``gone`` is set when its HTTP connection closed)."""
+
+    requests: Sequence[ExecuteRequest]
+    tenant: Tenant = DEFAULT
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+    start_within_s: float | None = None  # not started by then: queue_timeout (below the max)
+
+    def part(self, requests: Sequence[ExecuteRequest]) -> Submission:
+        """Other requests (some of these, or what they became) for the same tenant and client."""
+        return Submission(requests, self.tenant, self.gone, self.start_within_s)
+
+    def start_by(self, now: float, max_wait_s: float) -> float:
+        """When its jobs queued at ``now`` must have started."""
+        wait = max_wait_s if self.start_within_s is None else min(max_wait_s, self.start_within_s)
+        return now + wait
+
+
 @dataclass(eq=False)
 class Job:
     request: ExecuteRequest
@@ -81,6 +123,9 @@ class Job:
     charged: float = 0.0  # slot-seconds charged to its tenant when it started (queue.fair)
     started: float = 0.0  # monotonic, when a slot took it
     future: asyncio.Future[ExecuteResult] | None = field(default=None, repr=False)
+    askers: int = 1  # submissions waiting for it (an id joins more)
+    # Set once nobody waits for it any more: a slot does not start it, and kills it running.
+    abandoned: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
 
 def result_for(job: Job, status: Status, message: str, worker: str = "") -> ExecuteResult:
@@ -92,6 +137,26 @@ def result_for(job: Job, status: Status, message: str, worker: str = "") -> Exec
         worker=worker,
         message=message,
     )
+
+
+DROPPED = "its client went away before the answer; it was dropped and answered to nobody"
+
+
+async def answers(
+    futures: Sequence[asyncio.Future[ExecuteResult]], gone: asyncio.Event
+) -> list[ExecuteResult]:
+    """The results of ``futures`` in order, or ClientGone as soon as ``gone`` is set. Each
+    future is shielded: another submission may be waiting on the same job."""
+    gathered = asyncio.gather(*(asyncio.shield(f) for f in futures))
+    watch = asyncio.ensure_future(gone.wait())
+    try:
+        await asyncio.wait((gathered, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if gathered.done():
+        return list(gathered.result())
+    gathered.cancel()
+    raise ClientGone(DROPPED)
 
 
 def queue_timeout(job: Job, max_wait_s: float, worker: str = "") -> ExecuteResult:
@@ -162,11 +227,16 @@ class Queue(abc.ABC):
     async def close(self) -> None: ...
 
     @abc.abstractmethod
+    async def run(self, submission: Submission) -> list[ExecuteResult]:
+        """Run every request of ``submission``; results in request order. Raises QueueFull
+        (and QuotaExceeded), QueueUnavailable, and ClientGone once ``submission.gone`` is set
+        (its jobs nobody else waits for are dropped: not started, or killed running)."""
+
     async def submit(
         self, requests: Sequence[ExecuteRequest], tenant: Tenant = DEFAULT
     ) -> list[ExecuteResult]:
-        """Run every request for ``tenant``; results in request order. Raises QueueFull (and
-        QuotaExceeded), QueueUnavailable."""
+        """``run`` for a caller with no connection to lose (the CLI, tests)."""
+        return await self.run(Submission(requests, tenant))
 
     @abc.abstractmethod
     def begin_shutdown(self) -> None:

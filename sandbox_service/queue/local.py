@@ -23,15 +23,20 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 
-from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
+from sandbox_service.metrics import Metrics
+from sandbox_service.models import ExecuteResult, Status
 from sandbox_service.queue.base import (
+    DROPPED,
+    ClientGone,
     Job,
     Queue,
     QueueFull,
     QueueUnavailable,
-    QuotaExceeded,
     ResultCache,
+    Submission,
+    answers,
     check_queued,
+    check_rate,
     park,
     queue_timeout,
     result_for,
@@ -40,14 +45,18 @@ from sandbox_service.queue.base import (
 )
 from sandbox_service.queue.fair import FairShare
 from sandbox_service.settings import Settings
-from sandbox_service.tenants import DEFAULT, RateLimiter, Tenant
+from sandbox_service.tenants import RateLimiter, Tenant
 
 
 class LocalQueue(Queue):
     def __init__(
-        self, settings: Settings, cannot_run: Callable[[], str | None] = lambda: None
+        self,
+        settings: Settings,
+        cannot_run: Callable[[], str | None] = lambda: None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics or Metrics()
         self._cannot_run = cannot_run  # why nothing admitted now could run, if so
         self._waiting: dict[str, deque[Job]] = {}  # tenant -> its jobs not started (non-empty)
         self._queued = 0
@@ -81,18 +90,19 @@ class LocalQueue(Queue):
                 fresh,
                 self.settings.retry_after_s,
             )
-        wait = self._rates.take(tenant, fresh)
-        if wait:
-            why = f"{fresh} executions asked, at most {tenant.max_rate:g} a second"
-            raise QuotaExceeded(tenant.name, "max_rate", why, max(1, math.ceil(wait)))
+        check_rate(self._rates, tenant, fresh)
 
     def _admit(
-        self, requests: Sequence[ExecuteRequest], tenant: Tenant
-    ) -> list[asyncio.Future[ExecuteResult]]:
+        self, submission: Submission
+    ) -> tuple[list[asyncio.Future[ExecuteResult]], list[Job]]:
+        """Each request's future, and the jobs they wait on (each once)."""
         loop = asyncio.get_running_loop()
+        requests, tenant = submission.requests, submission.tenant
         now = time.time()
+        start_by = submission.start_by(now, self.settings.max_queue_wait_s)
         futures: list[asyncio.Future[ExecuteResult]] = []
         fresh: list[Job] = []
+        joined_jobs: list[Job] = []
         for request in requests:
             key = scoped(tenant.name, request.id) if request.id is not None else None
             cached = self._results.get(key) if key is not None else None
@@ -103,8 +113,10 @@ class LocalQueue(Queue):
                 futures.append(done)
             elif joined is not None and joined.future is not None:
                 futures.append(joined.future)
+                if joined not in joined_jobs and joined not in fresh:
+                    joined_jobs.append(joined)
             else:
-                job = Job(request, now, now + self.settings.max_queue_wait_s, tenant=tenant.name)
+                job = Job(request, now, start_by, tenant=tenant.name)
                 job.key = key or ""
                 job.future = loop.create_future()
                 if key is not None:
@@ -120,7 +132,9 @@ class LocalQueue(Queue):
             raise
         if fresh:
             self._enqueue(tenant, fresh)
-        return futures
+        for job in joined_jobs:
+            job.askers += 1
+        return futures, fresh + joined_jobs
 
     def _enqueue(self, tenant: Tenant, jobs: list[Job]) -> None:
         self._tenants[tenant.name] = tenant
@@ -133,17 +147,53 @@ class LocalQueue(Queue):
         self._queued += len(jobs)
         wake(self._getters, len(jobs))
 
-    async def submit(
-        self, requests: Sequence[ExecuteRequest], tenant: Tenant = DEFAULT
-    ) -> list[ExecuteResult]:
+    async def run(self, submission: Submission) -> list[ExecuteResult]:
         if self._closing:
             raise QueueUnavailable("the service is shutting down and takes no new work")
         broken = self._cannot_run()
         if broken:
             raise QueueUnavailable(broken)
-        futures = self._admit(requests, tenant)
-        # Shielded: a caller that goes away must not cancel a job another caller joined.
-        return list(await asyncio.gather(*(asyncio.shield(f) for f in futures)))
+        if submission.gone.is_set():
+            raise ClientGone(DROPPED)
+        futures, jobs = self._admit(submission)
+        try:
+            return await answers(futures, submission.gone)
+        except ClientGone:
+            self.abandon(jobs)
+            raise
+
+    def abandon(self, jobs: Sequence[Job]) -> None:
+        """A submission's client went away: each of its jobs no other submission waits for is
+        dropped if it has not started, and killed if running without an ``id`` (a result
+        with an id is kept for a client that asks again)."""
+        dropped: set[str] = set()
+        for job in jobs:
+            job.askers -= 1
+            if job.askers > 0 or job.future is None or job.future.done():
+                continue
+            if job.started:
+                if not job.key:
+                    job.abandoned.set()  # the slot loop kills it and counts it
+                continue
+            job.abandoned.set()
+            if job.key:
+                self._by_id.pop(job.key, None)
+            job.future.set_result(result_for(job, Status.rejected, DROPPED))
+            dropped.add(job.tenant)
+        count = 0
+        for name in dropped:
+            waiting = self._waiting.get(name)
+            if waiting is None:
+                continue
+            kept = deque(job for job in waiting if not job.abandoned.is_set())
+            count += len(waiting) - len(kept)
+            if kept:
+                self._waiting[name] = kept
+            else:
+                del self._waiting[name]
+        self._queued -= count
+        if count:
+            self.metrics.drop("queued", count)
 
     def begin_shutdown(self) -> None:
         self._closing = True

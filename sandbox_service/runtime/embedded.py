@@ -42,7 +42,7 @@ class EmbeddedRuntime:
         self.settings = settings
         self.metrics = Metrics(settings.max_tenant_labels)
         self.pool = SlotPool(settings)
-        self.queue = LocalQueue(settings, cannot_run=self.pool.broken)
+        self.queue = LocalQueue(settings, cannot_run=self.pool.broken, metrics=self.metrics)
         self.slot_loop = SlotLoop(
             self.pool, self.queue, settings, self.metrics, name or node_name()
         )
@@ -112,6 +112,7 @@ class EmbeddedRuntime:
             languages=await asyncio.to_thread(toolchains),
             zygote=self.pool.zygote,
             executions=dict(self.metrics.by_status),
+            dropped=dict(self.metrics.dropped_by),
             limits=limits(self.settings),
             uptime_s=round(time.monotonic() - self.started_at, 3),
         )

@@ -71,6 +71,7 @@ class RedisRuntime:
             languages=await asyncio.to_thread(toolchains),
             executions=cluster.executions,
             reclaimed=cluster.reclaimed,
+            dropped=dict(self.metrics.dropped_by),
             limits={**limits(self.settings), "chunk_size": self.settings.chunk_size},
             uptime_s=round(time.monotonic() - self.started_at, 3),
         )

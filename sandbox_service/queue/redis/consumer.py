@@ -28,7 +28,7 @@ from redis.typing import StreamIdT
 
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import ExecuteResult, Status
-from sandbox_service.queue.base import Job, QueueUnavailable, park, result_for, wake
+from sandbox_service.queue.base import DROPPED, Job, QueueUnavailable, park, result_for, wake
 from sandbox_service.queue.fair import INITIAL_MEAN_S
 from sandbox_service.queue.redis.connection import (
     BLOCK_MS,
@@ -416,6 +416,7 @@ class RedisJobSource:
         info = json.dumps({**self.describe(), "at": time.time()})
         holding: list[StreamIdT] = list(self._held)
         taking = self._taking
+        jobs = list(self._chunk_of)  # held, not answered: has any client gone away?
 
         def fill(pipe: Pipeline) -> None:
             pipe.set(k.worker(self.name), info, px=int(3 * s.heartbeat_interval_s * 1000) + 1000)
@@ -423,6 +424,8 @@ class RedisJobSource:
             pipe.get(k.depth)
             if holding:
                 pipe.xclaim(k.jobs, GROUP, self.name, 0, holding, justid=True)
+            if jobs:
+                pipe.zmscore(k.abandoned, [job.key for job in jobs])
             if taking:
                 pipe.xautoclaim(
                     k.jobs,
@@ -435,10 +438,35 @@ class RedisJobSource:
 
         results = await self.link.pipeline(fill)
         self.cluster_depth = int(results[2] or 0)
+        if jobs:
+            scores = results[3 + bool(holding)]
+            self._drop([job for job, score in zip(jobs, scores, strict=True) if score is not None])
         if taking and self._taking:
             # XAUTOCLAIM answers [next id, entries] on Redis 6.2 and [next id, entries,
             # ids of deleted entries] since 7.0: the entries are [1] on both.
             self._reclaim(results[-1][1])
+
+    def _drop(self, jobs: list[Job]) -> None:
+        """Jobs whose client went away (the API node listed them): those not started are
+        answered to nobody without running; running ones without an id are killed by the
+        slot loop."""
+        dropped = 0
+        for job in jobs:
+            held = self._chunk_of.get(job)
+            if held is None or job.abandoned.is_set():
+                continue
+            if job not in self._unstarted and job.request.id is not None:
+                continue  # running with an id: its result is kept for a client asking again
+            job.abandoned.set()
+            if job in self._unstarted:
+                self._unstarted.remove(job)
+                del self._chunk_of[job]
+                held.results[job] = result_for(job, Status.rejected, DROPPED, self.name)
+                dropped += 1
+                self._settle_if_done(held)
+        if dropped:
+            self.metrics.drop("queued", dropped)
+            self._want_more.set()
 
     # ------------------------------------------------------------- stopping
 

@@ -87,6 +87,11 @@ class Keys:
     def worker(self, name: str) -> str:
         return f"{self.prefix}:worker:{name}"
 
+    @property
+    def abandoned(self) -> str:
+        """Sorted set: keys of jobs whose client went away, scored by when to forget them."""
+        return f"{self.prefix}:abandoned"
+
     def replies(self, node: str) -> str:
         return f"{self.prefix}:replies:{node}"
 

@@ -30,12 +30,16 @@ from redis.exceptions import ResponseError
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status, WorkerInfo
 from sandbox_service.queue.base import (
+    DROPPED,
+    ClientGone,
     Job,
     Queue,
     QueueFull,
     QueueUnavailable,
-    QuotaExceeded,
+    Submission,
+    answers,
     check_queued,
+    check_rate,
     node_name,
     queue_timeout,
     result_for,
@@ -59,7 +63,7 @@ from sandbox_service.queue.redis.keys import (
 )
 from sandbox_service.queue.redis.scripts import ADMIT, SETTLE
 from sandbox_service.settings import Settings
-from sandbox_service.tenants import DEFAULT, DEFAULT_TENANT, RateLimiter, Tenant
+from sandbox_service.tenants import DEFAULT_TENANT, RateLimiter, Tenant
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +153,7 @@ class RedisQueue(Queue):
         )
         self._recheck = False
         self.link.on_loss = self._lost_writes
+        self._posted: set[str] = set()  # abandoned job keys already told to the workers
 
     @property
     def in_flight(self) -> int:
@@ -171,10 +176,11 @@ class RedisQueue(Queue):
 
     # ------------------------------------------------------------- submit
 
-    def _jobs(self, requests: Sequence[ExecuteRequest], tenant: str) -> tuple[list[Job], list[Job]]:
+    def _jobs(
+        self, requests: Sequence[ExecuteRequest], tenant: str, start_by: float
+    ) -> tuple[list[Job], list[Job]]:
         """One job per request, one per distinct id: (jobs in request order, distinct jobs)."""
         now = time.time()
-        start_by = now + self.settings.max_queue_wait_s
         by_id: dict[str, Job] = {}
         jobs = []
         for request in requests:
@@ -227,16 +233,15 @@ class RedisQueue(Queue):
         self.cluster_depth = held
         raise QueueFull(held, s.max_queue_depth, wanted, s.retry_after_s)
 
-    async def submit(
-        self, requests: Sequence[ExecuteRequest], tenant: Tenant = DEFAULT
-    ) -> list[ExecuteResult]:
+    async def run(self, submission: Submission) -> list[ExecuteResult]:
         if self._closing:
             raise QueueUnavailable("this API node is shutting down and takes no new work")
-        jobs, fresh = self._jobs(requests, tenant.name)
-        wait = self._rates.take(tenant, len(fresh))  # per API node: see docs/tenants.md
-        if wait:
-            why = f"{len(fresh)} executions asked, at most {tenant.max_rate:g} a second"
-            raise QuotaExceeded(tenant.name, "max_rate", why, max(1, int(wait + 0.999)))
+        if submission.gone.is_set():
+            raise ClientGone(DROPPED)
+        tenant = submission.tenant
+        start_by = submission.start_by(time.time(), self.settings.max_queue_wait_s)
+        jobs, fresh = self._jobs(submission.requests, tenant.name, start_by)
+        check_rate(self._rates, tenant, len(fresh))  # per API node: see docs/tenants.md
         offer = self.link.epoch_offer()
         try:
             reply = await self.link.script(ADMIT, *self._admit_call(fresh, offer, tenant))
@@ -251,8 +256,22 @@ class RedisQueue(Queue):
             self._refuse(tenant, reply)
         self.cluster_depth = int(reply[1])
         futures = self._register(fresh, reply)
-        # Shielded: a caller that goes away must not cancel a job another caller joined.
-        return list(await asyncio.gather(*(asyncio.shield(futures[job]) for job in jobs)))
+        try:
+            return await answers([futures[job] for job in jobs], submission.gone)
+        except ClientGone:
+            self._abandon(fresh)
+            raise
+
+    def _abandon(self, jobs: list[Job]) -> None:
+        """The client went away: jobs no other request on this node waits for are marked;
+        the next sweep drops their chunks that no worker has taken (``_due``) and tells the
+        workers the keys of the others (``abandoned``: they drop or kill them)."""
+        for job in jobs:
+            waiting = self._waiting.get(job.key)
+            if waiting is not None:
+                waiting.askers -= 1
+                if waiting.askers <= 0:
+                    waiting.abandoned.set()
 
     def _register(self, fresh: list[Job], reply: list[Any]) -> dict[Job, asyncio.Future[Any]]:
         loop = asyncio.get_running_loop()
@@ -277,6 +296,7 @@ class RedisQueue(Queue):
     def _await(self, job: Job) -> asyncio.Future[ExecuteResult]:
         joined = self._waiting.get(job.key)
         if joined is not None and joined.future is not None:
+            joined.askers += 1
             return joined.future
         job.future = asyncio.get_running_loop().create_future()
         self._waiting[job.key] = job
@@ -297,7 +317,8 @@ class RedisQueue(Queue):
         self._resolve(job, ExecuteResult.model_validate_json(body))
 
     def _resolve(self, job: Job, result: ExecuteResult) -> None:
-        self.metrics.observe(result, job.tenant)
+        if result.message != DROPPED:
+            self.metrics.observe(result, job.tenant)
         if job.future is not None and not job.future.done():
             job.future.set_result(result)
 
@@ -338,30 +359,44 @@ class RedisQueue(Queue):
             open_jobs = self._open(chunk)
             if not open_jobs:
                 del self._sent[chunk.id]
+            elif not chunk.delivered and all(j.abandoned.is_set() for j in open_jobs):
+                results = [(j, result_for(j, Status.rejected, DROPPED)) for j in open_jobs]
+                due.append(self._untaken(chunk, results))
             elif not chunk.delivered and (self._reject is not None or chunk.start_by <= now):
                 if self._reject is not None:
                     results = [(j, result_for(j, Status.rejected, self._reject)) for j in open_jobs]
                 else:
                     wait = self.settings.max_queue_wait_s
                     results = [(j, queue_timeout(j, wait)) for j in open_jobs]
-                due.append(
-                    Settlement(
-                        chunk.id,
-                        self.reply,
-                        len(chunk.keys),
-                        results,
-                        only_if_undelivered=True,
-                        tenant=chunk.tenant,
-                        held=False,
-                    )
-                )
+                due.append(self._untaken(chunk, results))
         return due
+
+    def _untaken(self, chunk: Sent, results: list[tuple[Job, ExecuteResult]]) -> Settlement:
+        """Answering a chunk from this node, if no worker has taken it when the call runs."""
+        return Settlement(
+            chunk.id,
+            self.reply,
+            len(chunk.keys),
+            results,
+            only_if_undelivered=True,
+            tenant=chunk.tenant,
+            held=False,
+        )
 
     async def sweep(self) -> None:
         """One round trip: notice a Redis that lost its data, read the depth, keep the reply
         stream trimmed and alive, and answer chunks whose deadline passed untaken."""
-        due = self._due(time.time())
+        now = time.time()
+        due = self._due(now)
         ttl = self.settings.result_ttl_s
+        forget_at = now + self.settings.max_queue_wait_s + self.settings.max_timeout_s
+        abandoned = {
+            key: forget_at
+            for key, job in self._waiting.items()
+            if job.abandoned.is_set() and key not in self._posted
+        }
+        self._posted &= set(self._waiting)
+        self._posted |= set(abandoned)
 
         offers: list[bytes] = []  # the pipeline runs twice if a script was missing
 
@@ -371,6 +406,9 @@ class RedisQueue(Queue):
             pipe.xtrim(self.reply, minid=self._last_id, approximate=False)
             pipe.expire(self.reply, REPLY_TTL_S)
             pipe.hgetall(self.keys.fair)
+            pipe.zremrangebyscore(self.keys.abandoned, "-inf", now)
+            if abandoned:
+                pipe.zadd(self.keys.abandoned, abandoned)
             for settlement in due:
                 self.link.add_script(pipe, SETTLE, *settlement.call(self.keys, ttl))
 
@@ -380,11 +418,13 @@ class RedisQueue(Queue):
             return
         self.cluster_depth = int(results[1] or 0)
         self._tenant_counts = tenant_counts(results[4])
-        for settlement, outcome in zip(due, results[5:], strict=True):
+        for settlement, outcome in zip(due, results[6 + bool(abandoned) :], strict=True):
             # Not there if a submit noticed a Redis restart (and forgot every chunk) meanwhile.
             chunk = self._sent.get(settlement.chunk_id)  # type: ignore[arg-type]
             if outcome == -1 and chunk is not None:
                 chunk.delivered = True
+            elif settlement.results and settlement.results[0][1].message == DROPPED:
+                self.metrics.drop("queued", len(settlement.results))
 
     def _lost_everything(self) -> None:
         log.error(
