@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from sandbox_service.api import policy
 from sandbox_service.api.auth import tenant_of
+from sandbox_service.api.body_bounds import check_values
 from sandbox_service.api.errors import from_validation_error
 from sandbox_service.models import (
     BatchRequest,
@@ -53,6 +54,7 @@ def body_of(model: type[BaseModel]) -> dict[str, Any]:
 
 async def parse(request: Request, model: type[M]) -> M:
     body = await request.body()
+    await check_values(body, request.app.state.settings.max_body_values)
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
