@@ -219,6 +219,7 @@ class RedisLink:
             registry=metrics.registry,
         )
         self.reachable = False
+        self.problem = ""  # why the last command failed, for /readyz
         self.epoch: bytes | None = None
 
     def _count(self) -> None:
@@ -228,13 +229,13 @@ class RedisLink:
     def unavailable(self, exc: BaseException) -> QueueUnavailable:
         self.reachable = False
         if isinstance(exc, AuthenticationError) or "authenticat" in str(exc).lower():
-            return QueueUnavailable(
+            self.problem = (
                 f"Redis at {self.where} refused this node's credentials ({exc}); check "
                 "redis_url, redis_username and redis_password_file"
             )
-        return QueueUnavailable(
-            f"the queue is unreachable (Redis at {self.where}: {exc}); retry later"
-        )
+        else:
+            self.problem = f"the queue is unreachable (Redis at {self.where}: {exc}); retry later"
+        return QueueUnavailable(self.problem)
 
     async def call(self, command: str, *args: Any, **kwargs: Any) -> Any:
         """One command. Redis's own refusals (ResponseError) pass through unchanged."""
