@@ -143,6 +143,13 @@ class Settings(BaseSettings):
         description="Most JSON values in one request body (a full batch needs ~12 per request); "
         "beyond, 413 before parsing: parsing costs ~150 bytes and ~0.3 us of held GIL per value.",
     )
+    max_response_mb: int = Field(
+        default=64,
+        ge=1,
+        description="Largest response of one batch as sent, in MiB: beyond, every output stream "
+        "is trimmed to an equal share and flagged *_truncated. A stream alone is at most twice "
+        "max_output_bytes as sent.",
+    )
     http_read_timeout_s: float = Field(
         default=30.0,
         gt=0,

@@ -27,21 +27,23 @@ class Outcome:
 
     ``ran``: the program ran (to its end or to one of its limits); otherwise it never started,
     or the sandbox failed, and there is no program output to report. ``fusion``: SandboxFusion's
-    ``CommandRunStatus``. ``judge``: code-judge's ``reason``.
+    ``CommandRunStatus``. ``judge``: code-judge's ``reason``. ``stopped``: a limit stopped it,
+    so it is never a success, whatever exit code it managed to return first.
     """
 
     ran: bool
     fusion: FusionRunStatus
     judge: str
+    stopped: bool = False
 
 
 OUTCOMES: dict[Status, Outcome] = {
     Status.ok: Outcome(True, "Finished", ""),
     Status.error: Outcome(True, "Finished", ""),
     Status.timeout: Outcome(True, "TimeLimitExceeded", "worker_timeout"),
-    Status.memory_limit: Outcome(True, "Finished", ""),
-    Status.output_limit: Outcome(True, "Finished", ""),
-    Status.killed: Outcome(True, "Finished", ""),
+    Status.memory_limit: Outcome(True, "Finished", "", stopped=True),
+    Status.output_limit: Outcome(True, "Finished", "", stopped=True),
+    Status.killed: Outcome(True, "Finished", "", stopped=True),
     # Never ran: code-judge clients resend queue_timeout items, which is what these want.
     Status.queue_timeout: Outcome(False, "Error", "queue_timeout"),
     Status.rejected: Outcome(False, "Error", "queue_timeout"),

@@ -16,6 +16,7 @@ from sandbox_service.api import policy
 from sandbox_service.api.auth import tenant_of
 from sandbox_service.api.body_bounds import check_values
 from sandbox_service.api.errors import from_validation_error
+from sandbox_service.api.response_bounds import bounded
 from sandbox_service.models import (
     BatchRequest,
     BatchResponse,
@@ -80,6 +81,7 @@ async def execute(request: Request) -> Response:
     [result] = await request.app.state.sessions.submit(
         queue, [execute_request], batch=False, tenant=tenant
     )
+    [result] = bounded([result], request.app.state.settings)
     return json_response(result)
 
 
@@ -96,4 +98,5 @@ async def execute_batch(request: Request) -> Response:
     policy.check_batch(batch.requests, request.app.state.settings, tenant)
     queue = request.app.state.runtime.queue
     results = await request.app.state.sessions.submit(queue, batch.requests, tenant=tenant)
+    results = bounded(results, request.app.state.settings)
     return json_response(BatchResponse(results=results))

@@ -10,6 +10,9 @@ CommandRunResult, RunJupyterRequest/Response, CellRunResult) and its ``parse_run
   ``Error`` when the sandbox could not run it. See ``compat.OUTCOMES`` for every status.
 - ``status`` is ``Success`` (finished with 0), ``Failed`` (non-zero or time limit) or
   ``SandboxError`` (with ``message``); the client package raises on ``SandboxError``.
+  A run stopped by a limit (output, memory, killed) is ``Failed`` with the limit in
+  ``message`` and ``return_code`` null unless it has a non-zero one: the program may have
+  exited 0 between passing the output cap and being stopped, and is still not a success.
 - Python only (no compile step, so ``compile_result`` is null). Another language, code or
   input over this server's size limits, or a file that is not base64 answer ``SandboxError``
   saying why; a body of the wrong shape answers 422 as FastAPI (and so SandboxFusion) does.
@@ -40,6 +43,7 @@ from sandbox_service.api.compat import (
     return_code,
 )
 from sandbox_service.api.native import BODY_ERRORS, body_of, json_response, parse
+from sandbox_service.api.response_bounds import bounded
 from sandbox_service.cell_program import Cell, Driven, Program, new_nonce, program
 from sandbox_service.cell_program import parse as parse_driven
 from sandbox_service.models import (
@@ -132,6 +136,8 @@ def command_result(result: ExecuteResult, stdout: str, stderr: str) -> CommandRu
     if not outcome.ran:
         return CommandRunResult(status="Error", stderr=result.message)
     code = None if outcome.fusion == "TimeLimitExceeded" else return_code(result)
+    if outcome.stopped and not code:  # it may have exited 0 after passing a limit
+        code = None
     return CommandRunResult(
         status=outcome.fusion,
         execution_time=result.wall_time_s,
@@ -141,10 +147,13 @@ def command_result(result: ExecuteResult, stdout: str, stderr: str) -> CommandRu
     )
 
 
-def run_status(command: CommandRunResult) -> tuple[OverallStatus, str]:
-    """(status, message) as SandboxFusion's ``parse_run_status`` decides them."""
+def run_status(command: CommandRunResult, result: ExecuteResult) -> tuple[OverallStatus, str]:
+    """(status, message) as SandboxFusion's ``parse_run_status`` decides them; a run stopped
+    by a limit is ``Failed`` whatever its exit code, the limit in the message."""
     if command.status == "Error":
         return "SandboxError", command.stderr or ""
+    if OUTCOMES[result.status].stopped:
+        return "Failed", result.message
     if command.status == "TimeLimitExceeded" or command.return_code != 0:
         return "Failed", ""
     return "Success", ""
@@ -221,8 +230,10 @@ async def run_code(request: Request) -> Response:
     if isinstance(ran, Response):
         return ran
     result, driven = ran
-    command = command_result(result, driven.stdout, driven.stderr)
-    status, message = run_status(command)
+    streams = {"stdout": driven.stdout, "stderr": driven.stderr}
+    [sent] = bounded([result.model_copy(update=streams)], request.app.state.settings)
+    command = command_result(result, sent.stdout, sent.stderr)
+    status, message = run_status(command, result)
     return json_response(
         RunCodeResponse(
             status=status,
@@ -273,7 +284,7 @@ async def run_jupyter(request: Request) -> Response:
     done = len(driven.cells)  # a cell cut short has output but no report: it goes to driver
     rest = "".join(driven.outputs[done:]), "".join(driven.errors[done:])
     command = command_result(result, *rest)
-    status, message = run_status(command)
+    status, message = run_status(command, result)
     return json_response(
         RunJupyterResponse(
             status=status,
