@@ -130,3 +130,17 @@ def test_descriptor_limit_raised_to_hard(guarded: ServiceProcess) -> None:
     soft, hard = line.split()[3:5]
     assert soft == hard, line
     json.dumps(soft)
+
+
+def test_pipelined_requests_are_all_answered(guarded: ServiceProcess) -> None:
+    body = b'{"code": "import time; time.sleep(1.5); print(7)"}'
+    one = HEAD + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+    with socket.create_connection(("127.0.0.1", guarded.port)) as sock:
+        sock.sendall(one * 3 + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(60)
+        received = b""
+        while received.count(b"HTTP/1.1 200") < 4:
+            chunk = sock.recv(65536)
+            assert chunk, received
+            received += chunk
+    assert received.count(b'"stdout":"7\\n"') == 3
