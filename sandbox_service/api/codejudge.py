@@ -37,6 +37,7 @@ from pydantic import BaseModel, Field
 from sandbox_service.api.auth import tenant_of
 from sandbox_service.api.compat import OUTCOMES, Refused, native_request
 from sandbox_service.api.native import BODY_ERRORS, body_of, json_response, parse
+from sandbox_service.api.response_bounds import bounded
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
 from sandbox_service.queue.base import Queue, QueueFull, QueueUnavailable
 from sandbox_service.settings import Settings
@@ -186,8 +187,9 @@ async def judge(request: Request, subs: Sequence[Submission]) -> list[Submission
         _not_run(sub_id, Reason.invalid_input, str(native))
         for sub_id, native in zip(ids, natives, strict=True)
     ]
-    for chunk, chunk_results in zip(chunks, done, strict=True):
-        for (i, _), result in zip(chunk, chunk_results, strict=True):
+    sent = iter(bounded([r for chunk_results in done for r in chunk_results], settings))
+    for chunk in chunks:
+        for (i, _), result in zip(chunk, sent, strict=False):
             results[i] = _result(subs[i], ids[i], result, settings.codejudge_max_output_chars)
     return results
 

@@ -27,6 +27,7 @@ def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess
         max_output_bytes=CAP,
         max_response_mb=BATCH_MIB,
         max_batch=200,
+        codejudge_max_output_chars=0,  # code-judge's results keep all their output
     ) as svc:
         yield svc
 
@@ -67,6 +68,15 @@ def test_sandboxfusion_response_is_bounded(bounded: ServiceProcess) -> None:
     body = {"code": _writes(b"\x01" * CAP, b"\x01" * CAP), "language": "python"}
     response = httpx.post(bounded.url + "/run_code", json=body, timeout=60)
     assert len(response.content) <= 2 * STREAM_BOUND + 2048, len(response.content)
+
+
+@pytest.mark.parametrize("path", ["/run", "/run/batch"])
+def test_codejudge_response_is_bounded(bounded: ServiceProcess, path: str) -> None:
+    sub = {"type": "python", "solution": _writes(b"\x01" * CAP, b"\x01" * CAP)}
+    body: dict[str, Any] = sub if path == "/run" else {"submissions": [sub, sub]}
+    response = httpx.post(bounded.url + path, json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert len(response.content) <= 2 * (2 * STREAM_BOUND + 2048), len(response.content)
 
 
 def test_one_batch_is_bounded(bounded: ServiceProcess) -> None:
