@@ -5,7 +5,8 @@ On SIGTERM or SIGINT: stop accepting, tell the runtime (no new work; queued work
 answers of requests in flight, then the lifespan stops the slots (no child left behind).
 
 Connections are guarded (uvicorn alone never times out a connection before its first response,
-and caps nothing but tasks): one that has not sent a whole request ``http_read_timeout_s``
+and its ``limit_concurrency`` answers 503 but keeps the socket): one that has not sent a whole
+request ``http_read_timeout_s``
 after it opened or after its last response is closed (nothing sent, half a head, half a body
 alike), and past ``max_connections`` the longest idle one makes room. The descriptor limit is
 raised to its hard limit at start, and the default cap stays below it.
