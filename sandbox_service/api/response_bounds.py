@@ -6,7 +6,8 @@ of 1,024 such results 3 GiB. So before a result is answered, each stream is trim
 ``ESCAPED_PER_BYTE`` times the cap as JSON-escaped (text, newlines and UTF-8 at the cap pass
 whole), and a batch whose streams together escape to more than ``max_response_mb`` has each
 stream trimmed to an equal share of it; a trimmed stream is flagged ``*_truncated`` and the
-result's ``message`` says so. The status is the executor's: trimming is of what is sent only.
+result's ``message`` says so; a notebook's cells share their stream's bound. The status is
+the executor's: trimming is of what is sent only.
 """
 
 from __future__ import annotations
@@ -59,7 +60,29 @@ def _trimmed(result: ExecuteResult, sizes: list[int], limit: int) -> ExecuteResu
 def bounded(results: Sequence[ExecuteResult], settings: Settings) -> list[ExecuteResult]:
     """``results`` with each stream within the per-stream bound, and all within the batch's."""
     stream_cap = ESCAPED_PER_BYTE * settings.max_output_bytes
-    batch_cap = settings.max_response_mb * 1024 * 1024
+    return _bound(results, stream_cap, settings.max_response_mb * 1024 * 1024)
+
+
+def bounded_parts(
+    outputs: Sequence[str], errors: Sequence[str], settings: Settings
+) -> tuple[list[str], list[str]]:
+    """The streams of one execution cut in parts (a notebook's cells): each stream's parts
+    together within one stream's bound, in equal shares when over it."""
+    stream_cap = ESCAPED_PER_BYTE * settings.max_output_bytes
+    return _shared(outputs, stream_cap), _shared(errors, stream_cap)
+
+
+def _shared(texts: Sequence[str], cap: int) -> list[str]:
+    sizes = [escaped_size(t) for t in texts]
+    if sum(sizes) <= cap:
+        return list(texts)
+    share = cap // len(texts)
+    return [_cut(t, share) if size > share else t for t, size in zip(texts, sizes, strict=True)]
+
+
+def _bound(
+    results: Sequence[ExecuteResult], stream_cap: int, batch_cap: int
+) -> list[ExecuteResult]:
     sizes = [_sizes(r) for r in results]
     limit = stream_cap
     if sum(min(s, stream_cap) for pair in sizes for s in pair) > batch_cap:

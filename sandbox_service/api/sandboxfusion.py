@@ -43,7 +43,7 @@ from sandbox_service.api.compat import (
     return_code,
 )
 from sandbox_service.api.native import BODY_ERRORS, body_of, json_response, parse
-from sandbox_service.api.response_bounds import bounded
+from sandbox_service.api.response_bounds import bounded, bounded_parts
 from sandbox_service.cell_program import Cell, Driven, Program, new_nonce, program
 from sandbox_service.cell_program import parse as parse_driven
 from sandbox_service.models import (
@@ -281,6 +281,8 @@ async def run_jupyter(request: Request) -> Response:
     if isinstance(ran, Response):
         return ran
     result, driven = ran
+    settings = request.app.state.settings
+    driven.outputs, driven.errors = bounded_parts(driven.outputs, driven.errors, settings)
     done = len(driven.cells)  # a cell cut short has output but no report: it goes to driver
     rest = "".join(driven.outputs[done:]), "".join(driven.errors[done:])
     command = command_result(result, *rest)

@@ -4,6 +4,7 @@ as stopped, never as success, whatever exit code the program returned first."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,6 +69,18 @@ def test_sandboxfusion_response_is_bounded(bounded: ServiceProcess) -> None:
     body = {"code": _writes(b"\x01" * CAP, b"\x01" * CAP), "language": "python"}
     response = httpx.post(bounded.url + "/run_code", json=body, timeout=60)
     assert len(response.content) <= 2 * STREAM_BOUND + 2048, len(response.content)
+
+
+@pytest.mark.parametrize("cells", [1, 3])
+def test_jupyter_response_is_bounded(bounded: ServiceProcess, cells: int) -> None:
+    cell = f"import sys; sys.stdout.write('\\x01' * {CAP // (2 * cells)}); sys.stdout.flush()"
+    body = {"cells": [cell] * cells}
+    response = httpx.post(bounded.url + "/run_jupyter", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert len(response.content) <= 2 * STREAM_BOUND + 4096, len(response.content)
+    sent = [c["stdout"] for c in response.json()["cells"]]
+    assert len(sent) == cells and all(s.startswith("\x01") for s in sent)
+    assert sum(len(json.dumps(s)) - 2 for s in sent) <= STREAM_BOUND  # the cells together
 
 
 @pytest.mark.parametrize("path", ["/run", "/run/batch"])
