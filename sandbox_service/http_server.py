@@ -15,7 +15,6 @@ raised to its hard limit at start, and the default cap stays below it.
 from __future__ import annotations
 
 import asyncio
-import resource
 import time
 from types import FrameType
 from typing import Any
@@ -24,6 +23,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from sandbox_service.api.app import create_app
+from sandbox_service.descriptors import raise_fd_limit
 from sandbox_service.executor.isolation import set_dumpable
 from sandbox_service.runtime.base import Runtime
 from sandbox_service.runtime.embedded import EmbeddedRuntime
@@ -39,20 +39,6 @@ try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as BaseProtocol
 except ImportError:  # httptools is optional in uvicorn
     BaseProtocol = H11Protocol  # type: ignore[assignment,misc]
-
-
-def raise_fd_limit() -> int:
-    """Raise this process's soft RLIMIT_NOFILE to its hard limit; the new soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = max(soft, 1 << 20)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return soft
 
 
 def connection_cap(settings: Settings, fd_limit: int) -> int:

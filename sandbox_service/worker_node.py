@@ -13,6 +13,7 @@ import logging
 import signal
 from typing import Any
 
+from sandbox_service.descriptors import raise_fd_limit
 from sandbox_service.executor.pool import SlotPool
 from sandbox_service.metrics import CONTENT_TYPE, Metrics
 from sandbox_service.probe_server import json_probe as _json
@@ -101,6 +102,7 @@ class WorkerNode:
 
 
 def run_worker(settings: Settings, burst: bool = False) -> int:
+    raise_fd_limit()
     node = WorkerNode(settings, burst)
     try:
         import uvloop

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -114,6 +115,7 @@ def test_failures_never_lock_out_a_valid_key(service: ServiceProcess, keys: Keys
 
 
 def test_worker_readyz_names_refused_credentials(tmp_path: Path) -> None:
+    """And the worker raised its soft descriptor limit to the hard one at start."""
     redis = RedisServer(str(tmp_path), ["--requirepass", "right-password"])
     redis.start()
     password = tmp_path / "password"
@@ -123,6 +125,7 @@ def test_worker_readyz_names_refused_credentials(tmp_path: Path) -> None:
         worker = start(
             str(tmp_path / "worker.log"),
             command=("worker",),
+            python=("prlimit", "--nofile=512:", sys.executable),
             port_setting="worker_metrics_port",
             wait_for="/healthz",
             slots=1,
@@ -139,6 +142,9 @@ def test_worker_readyz_names_refused_credentials(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert answer.status_code == 503
         assert "refused this node's credentials" in reason, reason
+        limits = Path(f"/proc/{worker.process.pid}/limits").read_text()
+        [line] = [line for line in limits.splitlines() if line.startswith("Max open files")]
+        assert line.split()[3] == line.split()[4], line
     finally:
         if worker is not None:
             worker.stop()
