@@ -12,7 +12,9 @@ replayed history draw the same random numbers it drew the first time.
 What a session promises (a failed cell leaves no trace, calls on one session run in order, the
 limits, the routing behind several API nodes) is written once, in docs/integrations.md. A
 session also belongs to its tenant: another tenant naming the same ``session_id`` gets an
-empty session of its own.
+empty session of its own, and each tenant has a store of its own, of its key's
+``max_sessions`` (``session_max`` without), least recently used forgotten first: a tenant
+opening sessions by the thousand forgets only its own.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import hashlib
 import secrets
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sandbox_service.cell_program import Cell, new_nonce, parse, program
@@ -35,7 +37,7 @@ from sandbox_service.models import (
     Status,
     merge_files,
 )
-from sandbox_service.queue.base import Queue, QueueFull, Submission, scoped
+from sandbox_service.queue.base import Queue, QueueFull, Submission
 from sandbox_service.settings import Settings
 from sandbox_service.tenants import DEFAULT_TENANT
 
@@ -61,46 +63,59 @@ def _nonce(session_id: str, request_id: str | None) -> str:
 
 
 class Sessions:
-    """The session store of one API node, and the submit path that uses it."""
+    """The session stores of one API node (one per tenant), and the submit path that uses them."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, limit: Callable[[str], int] | None = None) -> None:
+        """``limit``: the most sessions a tenant keeps (its key's ``max_sessions``); 0 or no
+        ``limit``: ``session_max``."""
         self.ttl_s = settings.session_ttl_s
         self.max_cells = settings.session_max_cells
         self.max_sessions = settings.session_max
-        self._items: OrderedDict[str, Session] = OrderedDict()
+        self._limit = limit
+        self._stores: dict[str, OrderedDict[str, Session]] = {}
 
     def __len__(self) -> int:
         self._expire(time.monotonic())
-        return len(self._items)
+        return sum(len(store) for store in self._stores.values())
+
+    def limit(self, tenant: str) -> int:
+        return (self._limit(tenant) if self._limit else 0) or self.max_sessions
 
     def _expire(self, now: float) -> None:
-        while self._items:
-            oldest = next(iter(self._items.values()))
-            if oldest.used_at + self.ttl_s > now or oldest.lock.locked():
-                return
-            self._items.popitem(last=False)
+        for tenant, store in list(self._stores.items()):
+            while store:
+                oldest = next(iter(store.values()))
+                if oldest.used_at + self.ttl_s > now or oldest.lock.locked():
+                    break
+                store.popitem(last=False)
+            if not store:
+                del self._stores[tenant]
 
     def peek(self, session_id: str, tenant: str = DEFAULT_TENANT) -> Session | None:
         self._expire(time.monotonic())
-        return self._items.get(scoped(tenant, session_id))
+        store = self._stores.get(tenant)
+        return store.get(session_id) if store is not None else None
 
     def get(self, session_id: str, tenant: str = DEFAULT_TENANT) -> Session:
-        """The session, created empty when unknown or forgotten; marks it used."""
+        """The session, created empty when unknown or forgotten; marks it used. Past the
+        tenant's limit, that tenant's least recently used session is forgotten."""
         now = time.monotonic()
         self._expire(now)
-        key = scoped(tenant, session_id)
-        session = self._items.get(key)
+        store = self._stores.setdefault(tenant, OrderedDict())
+        session = store.get(session_id)
         if session is None:
             session = Session(session_id, secrets.randbits(32), now, tenant)
-            self._items[key] = session
-            while len(self._items) > self.max_sessions:
-                self._items.popitem(last=False)
+            store[session_id] = session
+            limit = self.limit(tenant)
+            while len(store) > limit:
+                store.popitem(last=False)
         session.used_at = now
-        self._items.move_to_end(key)
+        store.move_to_end(session_id)
         return session
 
     def drop(self, session_id: str, tenant: str = DEFAULT_TENANT) -> bool:
-        return self._items.pop(scoped(tenant, session_id), None) is not None
+        store = self._stores.get(tenant)
+        return store is not None and store.pop(session_id, None) is not None
 
     # ------------------------------------------------------------- submit
 

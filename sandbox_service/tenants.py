@@ -52,6 +52,7 @@ class Tenant:
     max_batch: int = 0
     max_timeout_s: float = 0.0
     max_memory_mb: int = 0
+    max_sessions: int = 0  # its own session store's size; 0: session_max
     admin: bool = False
 
 
@@ -59,7 +60,8 @@ DEFAULT = Tenant()
 
 # Options a key line may carry, with their parsers; the flags take no value.
 NUMBERS = {"weight": float, "max_in_flight": int, "max_queued": int, "max_rate": float,
-           "max_batch": int, "max_timeout_s": float, "max_memory_mb": int}  # fmt: skip
+           "max_batch": int, "max_timeout_s": float, "max_memory_mb": int,
+           "max_sessions": int}  # fmt: skip
 FLAGS = ("admin", "revoked")
 
 

@@ -13,6 +13,7 @@ import logging
 import signal
 from typing import Any
 
+from sandbox_service.descriptors import raise_fd_limit
 from sandbox_service.executor.languages import toolchains
 from sandbox_service.executor.pool import SlotPool
 from sandbox_service.metrics import CONTENT_TYPE, Metrics
@@ -54,7 +55,7 @@ class WorkerNode:
     async def _readyz(self) -> tuple[int, str, bytes]:
         why = "shutting down" if self.stopping else self.pool.not_ready()
         if why is None and not self.source.ready_to_work:
-            why = f"Redis at {self.source.link.where} is unreachable"
+            why = self.source.link.problem or f"Redis at {self.source.link.where} is unreachable"
         if why is None:
             return _json(200, {"status": "ready"})
         return _json(503, {"status": "not ready", "reason": why})
@@ -102,6 +103,7 @@ class WorkerNode:
 
 
 def run_worker(settings: Settings, burst: bool = False) -> int:
+    raise_fd_limit()
     node = WorkerNode(settings, burst)
     try:
         import uvloop

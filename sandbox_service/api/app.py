@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -154,6 +154,18 @@ async def _keys_kept_fresh(store: KeyStore | None, rt: Runtime) -> AsyncIterator
             server.close()
 
 
+def _session_limit(store: KeyStore | None) -> Callable[[str], int] | None:
+    """A tenant's ``max_sessions``, read from the key file as it is now."""
+    if store is None:
+        return None
+
+    def limit(name: str) -> int:
+        tenant = store.tenant(name)
+        return tenant.max_sessions if tenant is not None else 0
+
+    return limit
+
+
 def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     # The key file first: one that does not parse stops the start before any slot does.
     store = KeyStore.load(settings.api_keys_file) if settings.api_keys_file else None
@@ -192,7 +204,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         )
     app.include_router(native.router)
     app.include_router(health.router)
-    app.state.sessions = Sessions(settings)
+    app.state.sessions = Sessions(settings, _session_limit(store))
     app.include_router(session_routes.router)
     app.include_router(sandboxfusion.router)
     app.include_router(codejudge.router)

@@ -10,8 +10,11 @@ URL send for ``http://tenant:KEY@host/...`` (``requests`` and ``aiohttp`` do; do
 Refusals are JSON in the API's error shape (``{"detail": "..."}``): 401 for a key that is
 missing, malformed, unknown or revoked, all with the same words, so that nothing tells which
 part was wrong; 403 for a valid key that may not read ``/metrics`` (it shows every tenant:
-``admin`` keys only); 429 for a source address that failed ``auth_max_failures`` times in
-``auth_failure_window_s`` (counted in ``sandbox_auth_failures_total``), whatever it sends next.
+``admin`` keys only); 429 instead of 401 for a source address that failed
+``auth_max_failures`` times in ``auth_failure_window_s`` (counted in
+``sandbox_auth_failures_total``). A valid key always passes, whatever its address failed
+before: one misconfigured client behind a NAT or on a shared trainer host must not lock out
+every tenant there, and a key is checked before the address's count is (a hash lookup).
 A compatibility front may let requests without a key run as a named tenant, from any source or
 only from given networks (``sandboxfusion_tenant``/``_networks``, ``codejudge_...``), for
 trainers that cannot send a header.
@@ -178,14 +181,14 @@ class Authenticate:
             return
         source = scope["client"][0] if scope.get("client") else ""
         now = time.monotonic()
-        wait = self.failures.blocked_for(source, now)
+        tenant, reason = self._identify(scope, source)
+        wait = self.failures.blocked_for(source, now) if tenant is None else 0.0
         if wait:
             self.metrics.auth_failures.labels("rate_limited").inc()
             retry = (b"retry-after", str(math.ceil(wait)).encode())
             await _refuse(send, 429, "too many failed authentications from this address; "
                           f"retry after {math.ceil(wait)} s", [retry])  # fmt: skip
             return
-        tenant, reason = self._identify(scope, source)
         if tenant is None:
             self.failures.add(source, now)
             self.metrics.auth_failures.labels(reason).inc()

@@ -41,6 +41,7 @@ from sandbox_service.api.auth import tenant_of
 from sandbox_service.api.compat import OUTCOMES, Refused, native_request
 from sandbox_service.api.disconnect import submission
 from sandbox_service.api.native import BODY_ERRORS, body_of, json_response, parse
+from sandbox_service.api.response_bounds import bounded
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
 from sandbox_service.queue.base import Queue, QueueFull, QueueUnavailable
 from sandbox_service.queue.base import Submission as Queued
@@ -202,7 +203,7 @@ async def judge(
     if not runnable:
         return results
     asked = submission(request, [n for _, n in runnable])
-    done = await _run(request.app.state.runtime.queue, asked)
+    done = bounded(await _run(request.app.state.runtime.queue, asked), settings)
     for (i, _), result in zip(runnable, done, strict=True):
         results[i] = _result(subs[i], ids[i], result, settings.codejudge_max_output_chars)
     return results

@@ -27,12 +27,14 @@ class Reading:
 
     ``ran``: the program ran (to its end or to one of its limits); otherwise it never started,
     or the sandbox failed, and there is no program output to report. ``fusion``: SandboxFusion's
-    ``CommandRunStatus``. ``judge``: code-judge's ``reason``.
+    ``CommandRunStatus``. ``judge``: code-judge's ``reason``. ``stopped``: a limit stopped it,
+    so it is never a success, whatever exit code it managed to return first.
     """
 
     ran: bool
     fusion: FusionRunStatus
     judge: str
+    stopped: bool = False
 
 
 OUTCOMES: dict[Status, Reading] = {
@@ -41,9 +43,9 @@ OUTCOMES: dict[Status, Reading] = {
     # The compile failed: the submission's fault. SandboxFusion says it in compile_result.
     Status.compile_error: Reading(True, "Finished", ""),
     Status.timeout: Reading(True, "TimeLimitExceeded", "worker_timeout"),
-    Status.memory_limit: Reading(True, "Finished", ""),
-    Status.output_limit: Reading(True, "Finished", ""),
-    Status.killed: Reading(True, "Finished", ""),
+    Status.memory_limit: Reading(True, "Finished", "", stopped=True),
+    Status.output_limit: Reading(True, "Finished", "", stopped=True),
+    Status.killed: Reading(True, "Finished", "", stopped=True),
     # Never ran: code-judge clients resend queue_timeout items, which is what these want.
     Status.queue_timeout: Reading(False, "Error", "queue_timeout"),
     Status.rejected: Reading(False, "Error", "queue_timeout"),

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
+from sandbox_service.api.body_bounds import BodyTooComplex
 from sandbox_service.models import ErrorDetail, RequestRejected
 from sandbox_service.queue.base import ClientGone, QueueFull, QueueUnavailable, QuotaExceeded
 
@@ -69,6 +70,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(BodyTooLarge)
     async def _too_large(request: Request, exc: BodyTooLarge) -> JSONResponse:
         return _detail(413, f"{exc}; split the batch or raise SANDBOX_MAX_BODY_MB")
+
+    @app.exception_handler(BodyTooComplex)
+    async def _too_complex(request: Request, exc: BodyTooComplex) -> JSONResponse:
+        return _detail(413, f"{exc}; split the batch or raise SANDBOX_MAX_BODY_VALUES")
 
     @app.exception_handler(QueueFull)
     async def _full(request: Request, exc: QueueFull) -> JSONResponse:

@@ -14,8 +14,10 @@ from pydantic import BaseModel, ValidationError
 
 from sandbox_service.api import policy
 from sandbox_service.api.auth import tenant_of
+from sandbox_service.api.body_bounds import check_values
 from sandbox_service.api.disconnect import submission
 from sandbox_service.api.errors import from_validation_error
+from sandbox_service.api.response_bounds import bounded
 from sandbox_service.models import (
     BatchRequest,
     BatchResponse,
@@ -54,6 +56,7 @@ def body_of(model: type[BaseModel]) -> dict[str, Any]:
 
 async def parse(request: Request, model: type[M]) -> M:
     body = await request.body()
+    await check_values(body, request.app.state.settings.max_body_values)
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
@@ -78,6 +81,7 @@ async def execute(request: Request) -> Response:
     queue = request.app.state.runtime.queue
     sessions = request.app.state.sessions
     [result] = await sessions.submit(queue, submission(request, [execute_request]), batch=False)
+    [result] = bounded([result], request.app.state.settings)
     return json_response(result)
 
 
@@ -94,4 +98,5 @@ async def execute_batch(request: Request) -> Response:
     policy.check_batch(batch.requests, request.app.state.settings, tenant)
     queue = request.app.state.runtime.queue
     results = await request.app.state.sessions.submit(queue, submission(request, batch.requests))
+    results = bounded(results, request.app.state.settings)
     return json_response(BatchResponse(results=results))

@@ -10,6 +10,9 @@ CommandRunResult, RunJupyterRequest/Response, CellRunResult) and its ``parse_run
   ``Error`` when the sandbox could not run it. See ``compat.OUTCOMES`` for every status.
 - ``status`` is ``Success`` (finished with 0), ``Failed`` (non-zero or time limit) or
   ``SandboxError`` (with ``message``); the client package raises on ``SandboxError``.
+  A run stopped by a limit (output, memory, killed) is ``Failed`` with the limit in
+  ``message`` and ``return_code`` null unless it has a non-zero one: the program may have
+  exited 0 between passing the output cap and being stopped, and is still not a success.
 - Languages: ``python``, ``cpp``, ``java``, ``nodejs`` (SandboxFusion's names; ``javascript``
   is read as ``nodejs``), from the service's table (``executor.languages``). A compiled
   language reports its compile step in ``compile_result`` as SandboxFusion does: ``Finished``
@@ -50,6 +53,7 @@ from sandbox_service.api.compat import (
 )
 from sandbox_service.api.disconnect import submission
 from sandbox_service.api.native import BODY_ERRORS, body_of, json_response, parse
+from sandbox_service.api.response_bounds import bounded, bounded_parts
 from sandbox_service.cell_program import Cell, Driven, Program, new_nonce, program
 from sandbox_service.cell_program import parse as parse_driven
 from sandbox_service.executor import languages
@@ -147,6 +151,8 @@ def command_result(result: ExecuteResult, stdout: str, stderr: str) -> CommandRu
     if not outcome.ran:
         return CommandRunResult(status="Error", stderr=result.message)
     code = None if outcome.fusion == "TimeLimitExceeded" else return_code(result)
+    if outcome.stopped and not code:  # it may have exited 0 after passing a limit
+        code = None
     return CommandRunResult(
         status=outcome.fusion,
         execution_time=result.wall_time_s,
@@ -173,14 +179,19 @@ def compile_command(compiled: CompileResult | None) -> CommandRunResult | None:
 
 
 def run_status(
-    command: CommandRunResult | None, compiled: CommandRunResult | None = None
+    command: CommandRunResult | None,
+    result: ExecuteResult,
+    compiled: CommandRunResult | None = None,
 ) -> tuple[OverallStatus, str]:
     """(status, message) as SandboxFusion's ``parse_run_status`` decides them: the compile
-    step first, then the run."""
+    step first, then the run; a run stopped by a limit is ``Failed`` whatever its exit code,
+    the limit in the message."""
     steps = [step for step in (compiled, command) if step is not None]
     for step in steps:
         if step.status == "Error":
             return "SandboxError", step.stderr or ""
+    if OUTCOMES[result.status].stopped:
+        return "Failed", result.message
     if any(s.status == "TimeLimitExceeded" or s.return_code != 0 for s in steps):
         return "Failed", ""
     return "Success", ""
@@ -279,8 +290,10 @@ async def run_code(request: Request) -> Response:
     compiled = compile_command(result.compile)
     command = None
     if result.status is not Status.compile_error:  # SandboxFusion runs nothing after one
-        command = command_result(result, driven.stdout, driven.stderr)
-    status, message = run_status(command, compiled)
+        streams = {"stdout": driven.stdout, "stderr": driven.stderr}
+        [sent] = bounded([result.model_copy(update=streams)], request.app.state.settings)
+        command = command_result(result, sent.stdout, sent.stderr)
+    status, message = run_status(command, result, compiled)
     return json_response(
         RunCodeResponse(
             status=status,
@@ -329,10 +342,12 @@ async def run_jupyter(request: Request) -> Response:
     if isinstance(ran, Response):
         return ran
     result, driven = ran
+    settings = request.app.state.settings
+    driven.outputs, driven.errors = bounded_parts(driven.outputs, driven.errors, settings)
     done = len(driven.cells)  # a cell cut short has output but no report: it goes to driver
     rest = "".join(driven.outputs[done:]), "".join(driven.errors[done:])
     command = command_result(result, *rest)
-    status, message = run_status(command)
+    status, message = run_status(command, result)
     return json_response(
         RunJupyterResponse(
             status=status,

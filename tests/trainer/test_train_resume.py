@@ -163,7 +163,8 @@ def test_evaluation_while_training_logs_avg_at_k_and_leaves_training_alone(
     assert "reward_mean" not in evals[0] and "reward_mean" in evals[1]
     for line in evals:
         assert line["eval_k"] == 2 and line["eval_problems"] == 3
-        assert 0.0 <= line["eval_pass_rate"] <= line["eval_pass_at_k"] <= 1.0
+        rate, at_k = float(str(line["eval_pass_rate"])), float(str(line["eval_pass_at_k"]))
+        assert 0.0 <= rate <= at_k <= 1.0
     steps = [line for line in lines if "reward_mean" in line]
     assert [line["reward_mean"] for line in steps] == [
         line["reward_mean"] for line in metrics(tmp_path / "plain")

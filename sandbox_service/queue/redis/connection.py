@@ -303,6 +303,7 @@ class RedisLink:
             registry=metrics.registry,
         )
         self.reachable = False
+        self.problem = ""  # why the last command failed, for /readyz
         self.epoch: bytes | None = None
         self.mark = self.keys.mark(secrets.token_hex(6))
         self.on_loss: Callable[[], None] = lambda: None
@@ -317,13 +318,13 @@ class RedisLink:
     def unavailable(self, exc: BaseException) -> QueueUnavailable:
         self.reachable = False
         if isinstance(exc, AuthenticationError) or "authenticat" in str(exc).lower():
-            return QueueUnavailable(
+            self.problem = (
                 f"Redis at {self.where} refused this node's credentials ({exc}); check "
                 "redis_url, redis_username and redis_password_file"
             )
-        return QueueUnavailable(
-            f"the queue is unreachable (Redis at {self.where}: {exc}); retry later"
-        )
+        else:
+            self.problem = f"the queue is unreachable (Redis at {self.where}: {exc}); retry later"
+        return QueueUnavailable(self.problem)
 
     async def _demoted(self, exc: BaseException) -> QueueUnavailable:
         """The server we write to is a replica now: drop every connection to it (the next

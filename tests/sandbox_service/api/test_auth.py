@@ -213,8 +213,10 @@ def test_a_source_that_keeps_failing_is_held_off(keys: Keys, tmp_path: Path) -> 
         codes = [httpx.get(svc.url + "/v1/status", headers=_bearer(f"sbx_guess{i}")).status_code
                  for i in range(4)]  # fmt: skip
         assert codes == [401, 401, 401, 429]
-        held = httpx.get(svc.url + "/v1/status", headers=_bearer(keys.b))
+        held = httpx.get(svc.url + "/v1/status", headers=_bearer("sbx_guess5"))
         assert held.status_code == 429 and int(held.headers["retry-after"]) > 20
+        # A valid key from the same address is never held off (issue 30).
+        assert httpx.get(svc.url + "/v1/status", headers=_bearer(keys.b)).status_code == 200
         assert httpx.get(svc.url + "/healthz").status_code == 200
     finally:
         svc.stop()

@@ -197,7 +197,7 @@ def test_every_native_status_has_a_sandboxfusion_reading(status: Status) -> None
     if status is Status.ok:
         result.exit_code = 0
     command = command_result(result, result.stdout, result.stderr)
-    overall, message = run_status(command)
+    overall, message = run_status(command, result)
     expected = {
         Status.ok: ("Finished", "Success"),
         Status.timeout: ("TimeLimitExceeded", "Failed"),
