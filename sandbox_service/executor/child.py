@@ -263,7 +263,7 @@ def _confine_and_run(spec: RunSpec[memoryview], config: ZygoteConfig, confinemen
     uid = config.uid if confinement.uid and config.uid is not None else os.getuid()
     gid = (config.gid if config.gid is not None else uid) if confinement.uid else os.getgid()
     iso.set_limits(
-        address_space=confinement.base_address_space + spec.memory_mb * MIB,
+        address_space=confinement.base_address_space + memory.address_space(spec.memory_mb),
         cpu_seconds=cpu_limit_s(spec.timeout_s),
         file_size=config.max_file_mb * MIB,
         open_files=config.max_open_files,

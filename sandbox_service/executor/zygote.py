@@ -48,12 +48,11 @@ def _tree_cpu_s() -> float:
 class Zygote:
     """One zygote's executions, one at a time: fork, watch, clean up, judge."""
 
-    def __init__(self, config: ZygoteConfig, confinement: Confinement, base_rss: int = 0,
+    def __init__(self, config: ZygoteConfig, confinement: Confinement,
                  buffer: payload.Payload | None = None) -> None:  # fmt: skip
         self.config = config
         self.confinement = confinement
         self.payload = buffer or payload.Payload(self.result_room)
-        self.base_rss = base_rss  # what a child's resident memory starts from
         self.pid = os.getpid()
         self.dirty = False
         # In a pid namespace every zygote is pid 1: a random tag names its run directories.
@@ -155,8 +154,6 @@ class Zygote:
             setup_note=note,
             tree_cpu_s=tree_cpu,
             cpu_limit_s=child.cpu_limit_s(timeout_s),
-            peak_rss_bytes=usage.ru_maxrss * 1024,
-            base_rss_bytes=self.base_rss,
             memory_mb=spec.memory_mb,
             timeout_s=timeout_s,
             tree=tree,
@@ -242,7 +239,7 @@ def main(argv: list[str]) -> None:
         cgroup=confinement.cgroup.path if confinement.cgroup is not None else None,
     )
     protocol.send(sock, report.frame())
-    serve(sock, Zygote(config, confinement, base_rss=mem.get("VmRSS", 0), buffer=buffer))
+    serve(sock, Zygote(config, confinement, buffer=buffer))
 
 
 if __name__ == "__main__":
