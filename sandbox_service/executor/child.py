@@ -15,6 +15,7 @@ the program writes or does, the verdict is the parent's (``judge.py``).
 from __future__ import annotations
 
 import ast
+import atexit
 import base64
 import io
 import linecache
@@ -195,10 +196,27 @@ def close_setup_channel() -> None:
     os.close(STATUS_FD)
 
 
+def finish() -> None:
+    """What CPython does after a program's main part succeeded: join its non-daemon threads,
+    then run its ``atexit`` handlers (an error in either is printed and the status stays 0, as
+    in CPython; a handler or thread may still end the process itself, within the limits)."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:  # as CPython: printed, the exit status unchanged
+            traceback.print_exc()
+    atexit._run_exitfuncs()  # prints each handler's error itself ("Exception ignored in ...")
+
+
 def main(code: str, mode: str, workdir: str) -> None:
     reset_interpreter(workdir)
     close_setup_channel()
     status = run(code, mode)
+    # Only after success: a main part that failed ends at once, so that nothing which runs
+    # after it (a thread, an atexit handler, an excepthook exiting 0) can turn it into success.
+    if status == 0:
+        finish()
     _flush()
     os._exit(status)
 
