@@ -162,7 +162,7 @@ class SlotCgroup:
         """Before the fork: the tree may add ``memory_mb`` to what the cgroup holds of its own,
         whatever cache earlier executions left in it (reclaimed now)."""
         usage = int(self._read(self._usage))
-        own = self._own
+        own = min(self._own, usage)  # the zygote may have shrunk: never above the usage
         if usage > own + RECLAIM_FROM:  # else what is over is counted against this run's share
             own = self._own = usage - self._unmapped_cache()
         if usage - own > RECLAIM_FROM:  # reclaimed, not only limited: the peak is the run's
