@@ -297,12 +297,25 @@ def _details(line: bytes) -> dict[str, Any]:
     return {"display": display, "error": error}
 
 
+def _one_way() -> tuple[int, int]:
+    """(read end, write end) of a one-way channel: a socket pair, not a pipe, because a cell can
+    open ``/proc/self/fd/N`` of a pipe's read end for writing, and bytes it wrote into the
+    commands then stalled the kernel until the call's timeout (a status of the service's); a
+    socket cannot be opened that way."""
+    import _socket
+
+    read, write = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    read.shutdown(_socket.SHUT_WR)
+    write.shutdown(_socket.SHUT_RD)
+    return read.detach(), write.detach()
+
+
 class _Kernel:
     """The judge's end of the kernel: send a cell, read how it ended."""
 
     def __init__(self) -> None:
-        to_kernel, self.commands = os.pipe()
-        self.reports, from_kernel = os.pipe()
+        to_kernel, self.commands = _one_way()
+        self.reports, from_kernel = _one_way()
         self.pid = os.fork()
         if self.pid == 0:
             os.close(self.commands)

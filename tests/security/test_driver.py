@@ -52,7 +52,7 @@ ATTACKS = {
         "            obj.__module__ == 'sandbox_service.executor.child' and obj.__name__ in ('run', '_compile')):\n"
         "        try:\n"
         "            obj.__code__ = zero.__code__\n"
-        "        except (ValueError, TypeError):\n"
+        "        except (ValueError, TypeError, RuntimeError):\n"
         "            pass\n"
     ),
     "builtins exec, compile and eval": (
