@@ -473,7 +473,8 @@ RESOURCES = [
         "cannot start more threads; contained",
         _c(
             probe(
-                "import threading, time\nts = []\nfor _ in range(100_000):\n    t = threading.Thread(target=time.sleep, args=(10,)); t.start(); ts.append(t)"
+                # daemon: the program ends without waiting 10 s for them, as CPython would not
+                "import threading, time\nts = []\nfor _ in range(100_000):\n    t = threading.Thread(target=time.sleep, args=(10,), daemon=True); t.start(); ts.append(t)"
             )
         ),
         blocked,
