@@ -68,16 +68,6 @@ def _flush() -> None:
 # ------------------------------------------------------------------ the kernel (cells run here)
 
 
-class _CellTimeout:
-    """Raise TimeoutError in the running cell after ``seconds`` (0: no limit)."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def _fire(self, signum: int, frame: object) -> None:
-        raise TimeoutError(f"cell exceeded its time limit of {self.seconds:g} s")
-
-
 def _error_of(exc: BaseException | None, tb: Any, status: int) -> list[dict[str, Any]]:
     """The notebook's ``error`` list for a cell that ended with ``status``."""
     if exc is None:
@@ -135,6 +125,20 @@ def _describe(cell: dict[str, Any], status: int, raised: BaseException | None,
     return {"display": display, "error": error}
 
 
+def _guard(event: str, args: tuple[Any, ...], me: object = None,
+           refuse: type[Exception] = RuntimeError) -> None:  # fmt: skip
+    """The kernel's audit hook, added before any cell: no cell adds one of its own (issue 30,
+    class 1: a hook left by a cell ran at each later cell's ``exec`` event, walked up to this
+    kernel's frame and wrote a forged verdict ahead of the real one). CPython drops a hook
+    whose addition an earlier hook refuses with a RuntimeError, the C API's
+    (``PySys_AddAuditHook`` through ctypes) too. Hooks cannot be removed, and this one cannot be
+    given new code or defaults (both are audited); it reads no global a cell could rebind."""
+    if event == "sys.addaudithook":
+        raise refuse("audit hooks are the sandbox's: a cell cannot add one")
+    if event == "object.__setattr__" and args[0] is me:
+        raise refuse("the sandbox's audit hook cannot be changed")
+
+
 # One function on purpose: what runs between a cell and its verdict must be this running
 # frame's own code, which no cell can replace (a helper's ``__code__`` could be).
 def _kernel(commands: int, reports: int) -> None:  # noqa: C901
@@ -166,6 +170,8 @@ def _kernel(commands: int, reports: int) -> None:  # noqa: C901
         sys.stdout, sys.stderr, sys, linecache.cache, os.open(os.devnull, os.O_WRONLY),
         _describe)  # fmt: skip
     limit = [0.0]
+    _guard.__defaults__ = (_guard, RuntimeError)
+    sys.addaudithook(_guard)
 
     def fire(signum: int, frame: object) -> None:
         raise timeout_error(f"cell exceeded its time limit of {limit[0]:g} s")
@@ -291,12 +297,25 @@ def _details(line: bytes) -> dict[str, Any]:
     return {"display": display, "error": error}
 
 
+def _one_way() -> tuple[int, int]:
+    """(read end, write end) of a one-way channel: a socket pair, not a pipe, because a cell can
+    open ``/proc/self/fd/N`` of a pipe's read end for writing, and bytes it wrote into the
+    commands then stalled the kernel until the call's timeout (a status of the service's); a
+    socket cannot be opened that way."""
+    import _socket
+
+    read, write = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    read.shutdown(_socket.SHUT_WR)
+    write.shutdown(_socket.SHUT_RD)
+    return read.detach(), write.detach()
+
+
 class _Kernel:
     """The judge's end of the kernel: send a cell, read how it ended."""
 
     def __init__(self) -> None:
-        to_kernel, self.commands = os.pipe()
-        self.reports, from_kernel = os.pipe()
+        to_kernel, self.commands = _one_way()
+        self.reports, from_kernel = _one_way()
         self.pid = os.fork()
         if self.pid == 0:
             os.close(self.commands)

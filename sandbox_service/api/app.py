@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import sandbox_service
-from sandbox_service.api import codejudge, errors, health, native, sandboxfusion, verify
+from sandbox_service.api import codejudge, errors, grade, health, native, sandboxfusion, verify
 from sandbox_service.api import sessions as session_routes
 from sandbox_service.api.auth import Authenticate, anonymous_fronts
 from sandbox_service.api.disconnect import Disconnects
@@ -209,10 +209,11 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.include_router(sandboxfusion.router)
     app.include_router(codejudge.router)
     app.include_router(verify.router)
+    app.include_router(grade.router)
     errors.install(app)
     _with_request_schemas(app, [
         ExecuteRequest, BatchRequest, sandboxfusion.RunCodeRequest,
         sandboxfusion.RunJupyterRequest, codejudge.Submission, codejudge.BatchSubmission,
-        verify.VerifyRequest,
+        verify.VerifyRequest, grade.GradeRequest,
     ], settings)  # fmt: skip
     return app

@@ -17,6 +17,7 @@ the program writes or does, the verdict is the parent's (``judge.py``).
 from __future__ import annotations
 
 import ast
+import atexit
 import base64
 import io
 import linecache
@@ -201,6 +202,19 @@ def close_setup_channel() -> None:
     os.close(STATUS_FD)
 
 
+def finish() -> None:
+    """What CPython does after a program's main part succeeded: join its non-daemon threads,
+    then run its ``atexit`` handlers (an error in either is printed and the status stays 0, as
+    in CPython; a handler or thread may still end the process itself, within the limits)."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:  # as CPython: printed, the exit status unchanged
+            traceback.print_exc()
+    atexit._run_exitfuncs()  # prints each handler's error itself ("Exception ignored in ...")
+
+
 def exec_program(spec: RunSpec[memoryview], workdir: str) -> NoReturn:
     """Replace this process by ``spec.argv``, in the working directory: from here on it is the
     command's, with the environment of user code and the confinement already in place (the
@@ -232,6 +246,10 @@ def main(code: str, mode: str, workdir: str) -> None:
     reset_interpreter(workdir)
     close_setup_channel()
     status = run(code, mode)
+    # Only after success: a main part that failed ends at once, so that nothing which runs
+    # after it (a thread, an atexit handler, an excepthook exiting 0) can turn it into success.
+    if status == 0:
+        finish()
     _flush()
     os._exit(status)
 
@@ -305,7 +323,7 @@ def _confine_and_run(spec: RunSpec[memoryview], config: ZygoteConfig, confinemen
     # An exec'd command gets an address-space limit of its own just before exec
     # (exec_program): until then this process still maps the whole zygote.
     address_space = (
-        confinement.base_address_space + spec.limits.memory_mb * MIB
+        confinement.base_address_space + memory.address_space(spec.limits.memory_mb)
         if spec.in_process
         else resource.RLIM_INFINITY
     )

@@ -10,11 +10,13 @@ could claim them would forge its own reward. So each such status needs a fact th
   child closes the pipe first thing after setup, see ``child.close_setup_channel``);
 - ``timeout``: the zygote's own clock, or SIGXCPU with the tree's CPU time (the kernel's
   accounting of every process reaped) at the CPU limit;
-- ``memory_limit``: the memory cgroup counted an OOM kill during the run (or, without one,
-  the parent's sampling found the tree over the limit and killed it: ``memory.py``), or the
-  run failed and the tree's peak resident memory (the kernel's, from ``wait4``) reached the
-  limit; an allocation refused outright, far beyond the limit, never takes memory the parent
-  can see, and is the program's own ``MemoryError``: ``error``;
+- ``memory_limit``: the limit was enforced: the memory cgroup counted an OOM kill during the
+  run, or (without one) the parent's sampling found the tree over the limit and killed it
+  (``memory.py``). Nothing else: a run that failed while large is ``error`` (a program can
+  fill memory and then fail on purpose), and so is a ``MemoryError``, which the parent cannot
+  tell from one the program raised itself; the address-space limit is only a backstop far
+  above ``memory_mb`` (``memory.address_space``), so that what reaches the limit meets the
+  cgroup or the sampler first;
 - ``output_limit``: the zygote's own count of captured bytes.
 
 Anything else the program did to itself (a signal, an exit code) is ``error`` or ``ok``.
@@ -30,11 +32,6 @@ from sandbox_service.executor.memory import MemoryOutcome
 from sandbox_service.executor.monitor import SETUP_ERROR, Capture, Watch
 from sandbox_service.executor.protocol import RunStatus
 
-MIB = 1024 * 1024
-# The share of memory_mb above the zygote's own resident memory that counts as "reached": an
-# address-space limit stops a growing program one allocation short of it, and the zygote's
-# resident pages are not all mapped into the child.
-MEMORY_REACHED = 0.8
 CPU_REACHED = 0.99  # rusage is exact, the kernel checks RLIMIT_CPU per tick
 Verdict = tuple[RunStatus, int | None, int | None, str]  # status, exit code, signal, why
 
@@ -48,25 +45,15 @@ class Observed:
     setup_note: bytes  # what the child wrote before user code ran (empty once it ran)
     tree_cpu_s: float  # CPU of every process of the execution that the zygote reaped
     cpu_limit_s: float  # RLIMIT_CPU of each process
-    peak_rss_bytes: int  # the largest process's peak resident memory (wait4's ru_maxrss)
-    base_rss_bytes: int  # the zygote's own resident memory, which a child starts with
     memory_mb: int  # the request's memory limit above the interpreter
     timeout_s: float
     tree: MemoryOutcome | None = None  # the cgroup's or the sampler's view of the whole tree
-
-
-def memory_reached(seen: Observed) -> bool:
-    """The tree's peak memory reached the request's limit (kernel accounting, not a claim)."""
-    above_base = seen.peak_rss_bytes - seen.base_rss_bytes
-    return above_base >= MEMORY_REACHED * seen.memory_mb * MIB
 
 
 def _signalled(sig: int, seen: Observed) -> tuple[RunStatus, str]:
     name = signal.Signals(sig).name
     if sig == signal.SIGXCPU and seen.tree_cpu_s >= CPU_REACHED * seen.cpu_limit_s:
         return RunStatus.timeout, f"CPU-time limit of {seen.cpu_limit_s:g} s exceeded"
-    if sig == signal.SIGKILL and memory_reached(seen):
-        return RunStatus.memory_limit, f"killed at the memory limit of {seen.memory_mb} MB"
     return RunStatus.error, f"terminated by {name} (not sent by the service)"
 
 
@@ -97,8 +84,4 @@ def _by_process(seen: Observed, outputs: list[Capture]) -> Verdict:
     if sig is not None:
         judged, why = _signalled(sig, seen)
         return judged, code, sig, why
-    if code == 0:
-        return RunStatus.ok, code, sig, ""
-    if memory_reached(seen):
-        return RunStatus.memory_limit, code, sig, f"memory limit of {seen.memory_mb} MB reached"
-    return RunStatus.error, code, sig, ""
+    return (RunStatus.ok if code == 0 else RunStatus.error), code, sig, ""

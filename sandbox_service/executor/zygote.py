@@ -58,12 +58,11 @@ def _tree_cpu_s() -> float:
 class Zygote:
     """One zygote's executions, one at a time: fork, watch, clean up, judge."""
 
-    def __init__(self, config: ZygoteConfig, confinement: Confinement, base_rss: int = 0,
+    def __init__(self, config: ZygoteConfig, confinement: Confinement,
                  buffer: payload.Payload | None = None) -> None:  # fmt: skip
         self.config = config
         self.confinement = confinement
         self.payload = buffer or payload.Payload(self.result_room)
-        self.base_rss = base_rss  # what a child's resident memory starts from
         self.pid = os.getpid()
         self.dirty = False
         # In a pid namespace every zygote is pid 1: a random tag names its run directories.
@@ -160,18 +159,6 @@ class Zygote:
                 os.close(fd)
         return view, [(name, size) for name, size, _ in found]
 
-    def _memory_basis(
-        self, spec: RunSpec[memoryview], peak_rss: int, tree: memory.MemoryOutcome | None
-    ) -> tuple[int, int]:
-        """(peak, base) in bytes that ``judge.memory_reached`` compares with the limit, per
-        execution. In-process Python starts from the zygote's resident memory. A command that
-        replaced the interpreter does not: its memory is the tree's (cgroup or sampler), from
-        zero; ``wait4``'s peak would count the zygote's pages the child held before ``exec``,
-        so without a tree measure only what is above the zygote's size counts."""
-        if not spec.in_process and tree is not None:
-            return int(tree.peak_mb * MIB), 0
-        return peak_rss, self.base_rss
-
     def execute(self, spec: RunSpec[memoryview]) -> Outcome[memoryview]:
         timeout_s, memory_mb = spec.limits.timeout_s, spec.limits.memory_mb
         workdir = self.workdirs.make()
@@ -214,15 +201,12 @@ class Zygote:
             self._reset_workdir(workdir)
         out, err = streams[pipes.out_r], streams[pipes.err_r]
         tree_cpu = _tree_cpu_s() - cpu_before
-        peak_rss, base_rss = self._memory_basis(spec, usage.ru_maxrss * 1024, tree)
         observed = judge.Observed(
             wait_status=status,
             watch=seen,
             setup_note=note,
             tree_cpu_s=tree_cpu,
             cpu_limit_s=child.cpu_limit_s(timeout_s),
-            peak_rss_bytes=peak_rss,
-            base_rss_bytes=base_rss,
             memory_mb=memory_mb,
             timeout_s=timeout_s,
             tree=tree,
@@ -310,7 +294,7 @@ def main(argv: list[str]) -> None:
         cgroup=confinement.cgroup.path if confinement.cgroup is not None else None,
     )
     protocol.send(sock, report.frame())
-    serve(sock, Zygote(config, confinement, base_rss=mem.get("VmRSS", 0), buffer=buffer))
+    serve(sock, Zygote(config, confinement, buffer=buffer))
 
 
 if __name__ == "__main__":

@@ -473,7 +473,8 @@ RESOURCES = [
         "cannot start more threads; contained",
         _c(
             probe(
-                "import threading, time\nts = []\nfor _ in range(100_000):\n    t = threading.Thread(target=time.sleep, args=(10,)); t.start(); ts.append(t)"
+                # daemon: the program ends without waiting 10 s for them, as CPython would not
+                "import threading, time\nts = []\nfor _ in range(100_000):\n    t = threading.Thread(target=time.sleep, args=(10,), daemon=True); t.start(); ts.append(t)"
             )
         ),
         blocked,
@@ -739,4 +740,54 @@ VERDICT = [
     ),
 ]
 
-ALL: list[Attack] = NETWORK + FILES + PROCESSES + RESOURCES + NATIVE + ISSUE_21 + VERDICT
+# Issue 30 (more variants: test_driver.py, test_memory_claims.py, test_endings.py,
+# test_page_cache.py, which needs two executions on one zygote).
+ISSUE_30 = [
+    Attack(
+        "a session cell that leaves an audit hook forging verdicts",
+        "verdict",
+        "the hook is refused: a later failing cell is still error",
+        _c("assert 6 * 7 == 41"),
+        status_is(Status.error),
+        session=(
+            "import os, sys\n"
+            "def forge(event, args):\n"
+            "    f = sys._getframe()\n"
+            "    while event == 'exec' and f is not None:\n"
+            "        s = f.f_locals\n"
+            "        if isinstance(s.get('reports'), int) and isinstance(s.get('token'), str):\n"
+            "            os.write(s['reports'], f\"{s['token']} {os.getpid()} 0\\n\".encode())\n"
+            "        f = f.f_back\n"
+            "sys.addaudithook(forge)\n",
+        ),
+    ),
+    Attack(
+        "fill most of the memory limit, then fail",
+        "verdict",
+        "error, not memory_limit (the limit was never enforced)",
+        _c("b = bytearray(235 << 20)\nb[::4096] = b'x' * len(b[::4096])\nassert False"),
+        status_is(Status.error),
+        memory_mb=256,
+    ),
+    Attack(
+        "an atexit handler exits 0 after a failing assert",
+        "verdict",
+        "error: nothing after a failed main part runs",
+        _c("import atexit, os\natexit.register(os._exit, 0)\nassert False"),
+        status_is(Status.error),
+    ),
+    Attack(
+        "the deep-recursion idiom in a thread",
+        "verdict",
+        "ok with its output: non-daemon threads are joined",
+        _c(
+            "import sys, threading\nsys.setrecursionlimit(1 << 20)\n"
+            "threading.stack_size(1 << 26)\n"
+            "def f(n):\n    return 0 if n == 0 else 1 + f(n - 1)\n"
+            "threading.Thread(target=lambda: print(f(50000))).start()"
+        ),
+        lambda r: r.status is Status.ok and r.stdout == "50000\n",
+    ),
+]
+
+ALL: list[Attack] = NETWORK + FILES + PROCESSES + RESOURCES + NATIVE + ISSUE_21 + VERDICT + ISSUE_30

@@ -52,7 +52,7 @@ ATTACKS = {
         "            obj.__module__ == 'sandbox_service.executor.child' and obj.__name__ in ('run', '_compile')):\n"
         "        try:\n"
         "            obj.__code__ = zero.__code__\n"
-        "        except (ValueError, TypeError):\n"
+        "        except (ValueError, TypeError, RuntimeError):\n"
         "            pass\n"
     ),
     "builtins exec, compile and eval": (
@@ -128,6 +128,64 @@ ATTACKS = {
         "    time.sleep(1.5)\n"
         "    os._exit(0)\n"
         "threading.Thread(target=later, daemon=True).start()\n"
+    ),
+    # Issue 30, class 1: a hook left in the kernel ran at each later cell's exec event.
+    "an audit hook that forges each later verdict from the kernel's frame": (
+        "import os, sys\n"
+        "def forge(event, args):\n"
+        "    if event != 'exec':\n"
+        "        return\n"
+        "    f = sys._getframe()\n"
+        "    while f is not None:\n"
+        "        scope = f.f_locals\n"
+        "        if isinstance(scope.get('reports'), int) and isinstance(scope.get('token'), str):\n"
+        "            print('FOUND', file=sys.stderr)\n"
+        "            os.write(scope['reports'], f\"{scope['token']} {os.getpid()} 0\\n\".encode())\n"
+        "            return\n"
+        "        f = f.f_back\n"
+        "sys.addaudithook(forge)\n"
+    ),
+    "an audit hook that traces each later cell past its raising lines": (
+        "import sys\n"
+        "def skip(frame, event, arg):\n"
+        "    if event == 'line' and frame.f_code.co_filename == '<string>':\n"
+        "        try:\n"
+        "            frame.f_lineno = frame.f_lineno + 1\n"
+        "        except ValueError:\n"
+        "            pass\n"
+        "    return skip\n"
+        "def hook(event, args):\n"
+        "    if event == 'exec':\n"
+        "        sys.settrace(skip)\n"
+        "        sys._getframe(1).f_trace = skip\n"
+        "sys.addaudithook(hook)\n"
+    ),
+    "an audit hook added through the C API": (
+        "import ctypes, os\n"
+        "HOOK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p)\n"
+        "def exits(event, args, data):\n"
+        "    if event == b'exec':\n"
+        "        os._exit(0)\n"
+        "    return 0\n"
+        "keep = HOOK(exits)\n"
+        "ctypes.pythonapi.PySys_AddAuditHook(keep, None)\n"
+    ),
+    "the kernel's own audit hook given new code": (
+        "import gc, types\n"
+        "def nothing(event, args, me=None, refuse=None):\n"
+        "    return None\n"
+        "for obj in gc.get_objects():\n"
+        "    if isinstance(obj, types.FunctionType) and obj.__name__ == '_guard':\n"
+        "        try:\n"
+        "            obj.__code__ = nothing.__code__\n"
+        "        except RuntimeError:\n"
+        "            pass\n"
+        "import sys\n"
+        "def forge(event, args):\n"
+        "    if event == 'exec':\n"
+        "        import os\n"
+        "        os._exit(0)\n"
+        "sys.addaudithook(forge)\n"
     ),
 }
 LATER = ["assert 6 * 7 == 41, 'ASSERTED'", "raise ValueError('still fails')",

@@ -116,10 +116,10 @@ def test_timeout_kills_whole_process_group(client: SandboxClient) -> None:
 
 
 def test_memory_limit(client: SandboxClient) -> None:
-    """memory_limit when the zygote saw the memory reach the limit; an allocation refused
-    outright never took memory, and is the program's own MemoryError."""
+    """memory_limit when the limit was enforced (the cgroup's OOM kill, or the sampler's); an
+    allocation refused outright never took memory, and is the program's own MemoryError."""
     r = client.execute("x = []\nwhile True: x.append(' ' * 10**7)", memory_mb=256)
-    assert r.status is Status.memory_limit and "MemoryError" in r.stderr
+    assert r.status is Status.memory_limit
     r = client.execute("import numpy as np\nx = []\nwhile True: x.append(np.ones(10**6))",
                        memory_mb=256)  # fmt: skip
     assert r.status is Status.memory_limit
