@@ -12,6 +12,7 @@ read-only). See docs/SECURITY.md.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import resource
 import signal
@@ -46,10 +47,15 @@ MADV_COLLAPSE = 25
 HUGE_PAGE = 2 << 20
 
 
+def failure(err: int, what: str) -> OSError:
+    """``what`` failed with ``err``, named as a reader looks it up: "mount /: EINVAL (Invalid
+    argument)"."""
+    return OSError(err, f"{what}: {errno.errorcode.get(err, str(err))} ({os.strerror(err)})")
+
+
 def _check(ret: int, what: str) -> None:
     if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
+        raise failure(ctypes.get_errno(), what)
 
 
 def unshare(flags: int) -> None:
@@ -142,6 +148,52 @@ def cover(path: str, keep: list[str], *, size_mb: int = 1, mode: int = 0o755,
     return inside
 
 
+SYS_FSOPEN = 430
+SYS_FSCONFIG = 431
+SYS_FSMOUNT = 432
+FSCONFIG_CMD_CREATE = 6
+FSOPEN_CLOEXEC = 1
+FSMOUNT_CLOEXEC = 1
+
+
+def _syscall_fd(ret: int, what: str) -> int:
+    if ret < 0:
+        raise failure(ctypes.get_errno(), what)
+    return ret
+
+
+def new_detached_mount(fstype: str) -> int:
+    """A fresh instance of ``fstype`` mounted nowhere (``fsopen``/``fsmount``, Linux 5.2+): a
+    path descriptor of its root."""
+    fs = _syscall_fd(int(_libc.syscall(SYS_FSOPEN, fstype.encode(), FSOPEN_CLOEXEC)),
+                     f"fsopen({fstype})")  # fmt: skip
+    try:
+        _syscall_fd(int(_libc.syscall(SYS_FSCONFIG, fs, FSCONFIG_CMD_CREATE, None, None, 0)),
+                    f"fsconfig({fstype})")  # fmt: skip
+        return _syscall_fd(int(_libc.syscall(SYS_FSMOUNT, fs, FSMOUNT_CLOEXEC, 0)),
+                           f"fsmount({fstype})")  # fmt: skip
+    finally:
+        os.close(fs)
+
+
+def hide_file(path: str) -> None:
+    """Mount an empty root-owned file of mode 0 over ``path`` (read-only): opening it fails
+    with EACCES for every uid an execution can have, whatever the mode of the file beneath."""
+    mnt = new_detached_mount("tmpfs")
+    try:
+        os.close(os.open("hidden", os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0, dir_fd=mnt))
+        fd = _syscall_fd(int(_libc.syscall(SYS_OPEN_TREE, mnt, b"hidden", OPEN_TREE_CLONE)),
+                         f"open_tree {path}")  # fmt: skip
+    finally:
+        os.close(mnt)
+    try:
+        ret = _libc.syscall(SYS_MOVE_MOUNT, fd, b"", -100, path.encode(), MOVE_MOUNT_F_EMPTY_PATH)
+        _check(int(ret), f"move_mount {path}")
+    finally:
+        os.close(fd)
+    _set_readonly(path, recursive=False)
+
+
 def private_proc() -> None:
     """A procfs of our own on /proc that shows a process only its own uid's processes
     (``hidepid=invisible``): the service, the zygotes and other slots' executions vanish,
@@ -149,8 +201,17 @@ def private_proc() -> None:
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
 
 
+PRCTL_NAMES = {
+    PR_SET_PDEATHSIG: "PR_SET_PDEATHSIG",
+    PR_SET_DUMPABLE: "PR_SET_DUMPABLE",
+    PR_SET_CHILD_SUBREAPER: "PR_SET_CHILD_SUBREAPER",
+    PR_SET_NO_NEW_PRIVS: "PR_SET_NO_NEW_PRIVS",
+}
+
+
 def prctl(option: int, arg: int) -> None:
-    _check(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl({option})")
+    ret = _libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0)
+    _check(ret, f"prctl({PRCTL_NAMES.get(option, option)})")
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:

@@ -172,6 +172,7 @@ class Slot:
         self.canaries = 0
         self.failures = 0
         self.last_error: str | None = None
+        self.required: tuple[str, ...] = ()  # layers without which a start fails
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._running = False  # the zygote answered "ready" and has not died since
@@ -202,20 +203,52 @@ class Slot:
                 self._proven.clear()
 
     async def start(self) -> StartReport:
-        """Start the zygote and wait for its ready report (isolation layers, memory)."""
+        """Start the zygote and wait for its ready report (isolation layers, memory); a
+        SlotStartError with the zygote's own reason if it cannot start (also ``last_error``)."""
+        try:
+            return await self._start()
+        except SlotStartError as exc:
+            self._failed(str(exc))
+            raise
+
+    async def _start(self) -> StartReport:
         self.proc, self._reader, self._writer = await self._launch(self.cfg)
         try:
             msg = await asyncio.wait_for(protocol.read_message(self._reader), START_TIMEOUT_S)
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as exc:
+            why = await self._exit_reason()
             await self.kill()
-            raise SlotStartError(f"slot {self.index}: zygote did not start ({exc!r})") from exc
+            why = why or repr(exc)
+            raise SlotStartError(f"slot {self.index}: zygote did not start: {why}") from exc
+        if msg.get("op") == "failed":
+            await self.kill()
+            raise SlotStartError(f"slot {self.index}: zygote cannot start: {msg.get('why')}")
         if msg.get("op") != "ready":
             await self.kill()
             raise SlotStartError(f"slot {self.index}: unexpected first message {msg!r}")
-        self.report = StartReport.from_frame(msg)
+        report = StartReport.from_frame(msg)
+        missing = [layer for layer in self.required if not report.isolation.active(layer)]
+        if missing:
+            await self.kill()
+            why = "; ".join(f"{m}: {report.isolation.note(m)}" for m in missing)
+            raise SlotStartError(f"slot {self.index}: required isolation unavailable: {why}")
+        self.report = report
         self._running = True
         log.debug("slot %d ready: pid %s, %s", self.index, self.report.pid, self.report.isolation)
         return self.report
+
+    async def _exit_reason(self) -> str | None:
+        """How the zygote ended before its first frame (its exit status or signal), if it did
+        within a moment: a death no frame could say (killed, or the interpreter itself)."""
+        if self.proc is None:
+            return None
+        try:
+            code = await asyncio.wait_for(self.proc.wait(), 2.0)
+        except asyncio.TimeoutError:
+            return None
+        if code < 0:
+            return f"killed by signal {signal.strsignal(-code) or -code} before its ready report"
+        return f"exited with status {code} before its ready report (its stderr says why)"
 
     async def prove(self) -> str | None:
         """Run the canary; None if it passed (the slot is healthy), else why not (the zygote
@@ -239,11 +272,7 @@ class Slot:
         the start or the canary fails."""
         await self.kill()
         self.restarts += 1
-        try:
-            await self.start()
-        except SlotStartError as exc:
-            self._failed(str(exc))
-            raise
+        await self.start()
         why = await self.prove()
         if why is not None:
             raise CanaryFailed(f"slot {self.index}: {why}")

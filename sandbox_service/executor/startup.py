@@ -228,6 +228,21 @@ def enter_pid_namespace(config: ZygoteConfig, sock: socket.socket) -> str | None
     return None
 
 
+# What holds where no memory cgroup does (monitor.watch's sampler, memory.TreeSampler).
+SAMPLER_STANDS_IN = (
+    "; the memory sampler stands in: the tree's resident memory every "
+    f"{monitor.SAMPLE_S * 1000:.0f} ms, and RLIMIT_AS per process"
+)
+
+
+def memory_layer(config: ZygoteConfig, found: Confinement) -> bool:
+    """The memory cgroup if it can be had, else a note of why and what stands in."""
+    if _try(found, "memory", lambda: enter_memory_cgroup(config, found)):
+        return True
+    found.notes["memory"] += SAMPLER_STANDS_IN
+    return False
+
+
 def confine_zygote(config: ZygoteConfig) -> Confinement:
     """Enter this zygote's own namespaces and find out which layers children can apply."""
     found = Confinement()
@@ -236,12 +251,7 @@ def confine_zygote(config: ZygoteConfig) -> Confinement:
     if "net" in wanted:
         found.net = _try(found, "net", lambda: iso.unshare(iso.CLONE_NEWNET))
     if "memory" in wanted:  # before the mount layer makes /sys read-only
-        found.memory = _try(found, "memory", lambda: enter_memory_cgroup(config, found))
-        if not found.memory:  # what holds instead (monitor.SAMPLE_S, memory.TreeSampler)
-            found.notes["memory"] += (
-                "; the memory sampler stands in: the tree's resident memory every "
-                f"{monitor.SAMPLE_S * 1000:.0f} ms, and RLIMIT_AS per process"
-            )
+        found.memory = memory_layer(config, found)
     if "ipc" in wanted:
         found.ipc = _try(found, "ipc", lambda: enter_ipc_namespace(config, found))
     if "mount" in wanted:
