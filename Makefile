@@ -64,6 +64,7 @@ image:
 	IMAGE=$(IMAGE) deploy/image.sh
 
 test-image: install
+	deploy/runsc.sh || echo "deploy/runsc.sh failed: the gVisor shape will say why" >&2
 	SANDBOX_TEST_IMAGE=$(IMAGE) SANDBOX_TEST_DOCKER_IMAGE=$(IMAGE) SANDBOX_TEST_IMAGE_REQUIRED=1 \
 		$(PY) -m pytest -q tests/image \
 		tests/deploy/test_docker_backend.py::test_executions_in_real_slot_containers

@@ -364,12 +364,38 @@ def kill_descendants(deadline: float) -> bool:
         time.sleep(0.001)
 
 
-def count_processes_of(uid: int) -> int:
+def reap_adopted_zombies() -> int:
+    """Reap the zombies of other uids among this process's children; how many.
+
+    Where no zygote may be a subreaper (gVisor allows it only pid 1) and none has a pid
+    namespace, an execution's orphans are re-parented to the container's init, the service:
+    killed by uid after each run, they would stay zombies there, and gVisor counts them
+    against every later fork's RLIMIT_NPROC. The service's own children (its zygotes) run as
+    its uid, and asyncio waits for those itself."""
+    me, own_uid, reaped = str(os.getpid()), os.getuid(), 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = read_small(f"/proc/{entry}/stat").rsplit(b")", 1)[1].split()
+            if fields[0] != b"Z" or fields[1] != me.encode():
+                continue
+            if os.stat(f"/proc/{entry}").st_uid == own_uid:
+                continue
+            if os.waitpid(int(entry), os.WNOHANG)[0]:
+                reaped += 1
+        except (OSError, IndexError):
+            continue
+    return reaped
+
+
+def count_processes_of(uid: int | None) -> int:
+    """Tasks (threads) of ``uid``'s processes; of every process for None."""
     count = 0
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.stat(f"/proc/{entry}").st_uid == uid:
+                if uid is None or os.stat(f"/proc/{entry}").st_uid == uid:
                     count += len(os.listdir(f"/proc/{entry}/task"))
             except OSError:
                 continue

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 import sandbox_service
+from sandbox_service.executor import isolation as iso
 from sandbox_service.executor import memory, protocol
 from sandbox_service.executor.protocol import (
     Outcome,
@@ -189,6 +190,16 @@ class Slot:
         )
 
     @property
+    def reaps_orphans(self) -> bool:
+        """Whether this service, as pid 1, must reap what the executions left (no zygote
+        adopts their orphans: gVisor's ``subreaper`` note)."""
+        notes = self.report.isolation.notes if self.report is not None else {}
+        return "subreaper" in notes and not self.report_pid_namespace() and os.getpid() == 1
+
+    def report_pid_namespace(self) -> bool:
+        return self.report is not None and self.report.isolation.active("pid")
+
+    @property
     def healthy(self) -> bool:
         return self.alive and self._proven.is_set()
 
@@ -286,6 +297,8 @@ class Slot:
         the zygote itself failed at it (a fault of ours, so the worker may retry it)."""
         result = await self._exchange(spec)
         self.executions += 1
+        if self.reaps_orphans:
+            iso.reap_adopted_zombies()
         if result.recycle and result.status is RunStatus.internal_error:
             raise SlotCrashed(f"slot {self.index}: {result.message}")
         return result

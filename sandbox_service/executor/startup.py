@@ -63,10 +63,18 @@ class Confinement:
     # limit is what that user had at start plus headroom, enough to stop a fork bomb from
     # exhausting the host's pids, not to give each execution its own budget.
     shared_process_limit: int | None = None
+    # gVisor counts every task of the sandbox against RLIMIT_NPROC, whatever its uid.
+    nproc_counts_all: bool = False
     # Orphans come back to the zygote (pid 1 of its namespace, or a subreaper); where neither
     # holds (gVisor allows no subreaper but pid 1), every run ends with a kill by uid.
     adopts_orphans: bool = True
     exit_watch: type[monitor.ChildExit] = monitor.ChildExit  # a pidfd, or SIGCHLD (gVisor)
+
+    def process_limit(self, per_uid: int) -> int | None:
+        """A child's RLIMIT_NPROC: its own uid's budget, or the shared one."""
+        if self.uid and not self.nproc_counts_all:
+            return per_uid
+        return self.shared_process_limit
 
     def report(self) -> IsolationReport:
         layers = {
@@ -332,12 +340,44 @@ def shared_procfs() -> str | None:
     20221219, seen here) is one instance for every mount: a zygote mounting its own made the
     other zygotes' /proc show its namespace (their /proc/self vanished), so in gVisor none
     does, and without a /proc of its own a zygote must stay in the container's namespace."""
-    if os.path.exists("/proc/sentry-meminfo"):  # gVisor's Sentry, no Linux
+    if in_gvisor():
         return (
             "gVisor: its procfs shows every mount one pid namespace, so a zygote's own /proc "
             "would show another zygote's; the container's pid namespace is shared"
         )
     return None
+
+
+def in_gvisor() -> bool:
+    return os.path.exists("/proc/sentry-meminfo")  # gVisor's Sentry; no Linux has it
+
+
+def gvisor_quirks(confinement: Confinement, max_processes: int) -> None:
+    """What gVisor (20221219) does otherwise than Linux, made up for and reported.
+
+    Its /proc shows a non-dumpable process's command line and environment to other uids:
+    without a pid namespace, an execution would read the service's (/proc/1/environ, with
+    whatever secret its environment holds). A mount namespace of the zygote's own covers
+    the service's /proc entry with an empty tmpfs of mode 0 (no mount leaves gVisor's
+    sandbox). And RLIMIT_NPROC counts every task of the sandbox, not the uid's: the limit is
+    what runs at start plus four executions' worth, as without a uid of its own."""
+    if not in_gvisor():
+        return
+    confinement.nproc_counts_all = True
+    confinement.notes["rlimits"] = (
+        "gVisor counts every task of the sandbox in RLIMIT_NPROC: the limit is those at "
+        f"start + 4 x max_processes ({max_processes})"
+    )
+    if confinement.pid or confinement.mount:
+        return
+    service = os.getppid()
+    try:
+        iso.unshare(iso.CLONE_NEWNS)
+        flags = iso.MS_NOSUID | iso.MS_NODEV | iso.MS_NOEXEC
+        iso.mount("tmpfs", f"/proc/{service}", "tmpfs", flags, "size=4k,mode=0")
+        confinement.notes["proc"] = f"/proc/{service} (the service) covered: gVisor shows environ"
+    except OSError as exc:
+        confinement.notes["proc"] = f"/proc/{service} (the service) visible to executions: {exc}"
 
 
 def in_own_pid_namespace() -> bool:

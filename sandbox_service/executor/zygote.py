@@ -226,6 +226,8 @@ def start_up(config: ZygoteConfig, sock: socket.socket) -> Zygote:
             startup.mount_own_proc(confinement)  # never the host's /proc seen from in here
     if pid_note:
         confinement.notes["pid"] = pid_note
+    with startup.step("gVisor"):
+        startup.gvisor_quirks(confinement, config.max_processes)
     with startup.step("credentials"):
         startup.check_secrets_hidden(config, confinement)
     failed = startup.preload(config.preload, config.warmup)
@@ -241,8 +243,8 @@ def start_up(config: ZygoteConfig, sock: socket.socket) -> Zygote:
     buffer = payload.Payload(2 * (config.max_output_bytes + 1))  # before the address space is read
     mem = iso.memory_status()
     confinement.base_address_space = mem.get("VmSize", 0)
-    if not confinement.uid:
-        processes = iso.count_processes_of(os.getuid())
+    if not confinement.uid or confinement.nproc_counts_all:
+        processes = iso.count_processes_of(None if confinement.nproc_counts_all else os.getuid())
         confinement.shared_process_limit = processes + 4 * config.max_processes
     report = StartReport(
         pid=os.getpid(),
