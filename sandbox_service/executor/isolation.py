@@ -26,6 +26,8 @@ _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
 
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MS_NOEXEC = 0x8
@@ -109,14 +111,14 @@ def _set_readonly(path: str, recursive: bool) -> None:
     _check(int(ret), f"mount_setattr {path}")
 
 
-def _within(path: str, parent: str) -> bool:
+def within(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
 def kept_inside(path: str, keep: list[str]) -> list[str]:
     """The outermost ``keep`` directories within ``path`` (``path`` itself if it is kept)."""
-    inside = sorted({k for k in keep if _within(k, path) and os.path.isdir(k)})
-    return [k for k in inside if not any(k != o and _within(k, o) for o in inside)]
+    inside = sorted({k for k in keep if within(k, path) and os.path.isdir(k)})
+    return [k for k in inside if not any(k != o and within(k, o) for o in inside)]
 
 
 def cover(path: str, keep: list[str], *, size_mb: int = 1, mode: int = 0o755,

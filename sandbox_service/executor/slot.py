@@ -359,6 +359,8 @@ class Slot:
         """The zygote's memory cgroup goes with it (the next one of the slot makes it again);
         its last processes may take a moment to die after it."""
         path = self.report.cgroup if self.report is not None else None
+        if path and not os.access(os.path.dirname(path), os.W_OK):
+            return  # read-only here (a container's cgroup mount): the slot's next zygote reuses it
         for _ in range(CGROUP_REMOVE_TRIES):
             if not path or memory.remove_cgroup(path):
                 return

@@ -216,7 +216,32 @@ def enter_memory_cgroup(config: ZygoteConfig, confinement: Confinement) -> None:
     """A memory cgroup of the zygote's own, so that a limit holds per execution tree."""
     if os.geteuid() != 0:
         raise PermissionError("not running as root: the limit is per process (RLIMIT_AS)")
-    confinement.cgroup = memory.SlotCgroup(memory.cgroup_name(config.slot, config.uid))
+    name = memory.cgroup_name(config.slot, config.uid)
+    try:
+        confinement.cgroup = memory.SlotCgroup(name)
+    except OSError as exc:
+        if exc.errno != errno.EROFS or not exc.filename:
+            raise
+        writable_cgroup_mount(str(exc.filename))
+        confinement.cgroup = memory.SlotCgroup(name)
+        confinement.notes["memory"] = (
+            "the container's cgroup mount is read-only: made writable in the zygote's own "
+            "mount namespace (the slot's cgroup stays for its next zygote)"
+        )
+
+
+def writable_cgroup_mount(path: str) -> None:
+    """In a mount namespace of the zygote's own, the read-only mount holding ``path`` (an
+    engine mounts the container's own cgroup read-only) remounted writable: the cgroup is
+    the container's, which its root may already change; executions, never root, cannot
+    write its root-owned files, and the mount layer makes it read-only again for them."""
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    target = max((p for p in points if iso.within(path, p)), key=len)
+    iso.unshare(iso.CLONE_NEWNS)
+    iso.mount("none", "/", None, iso.MS_REC | iso.MS_PRIVATE, None)
+    flags = iso.MS_REMOUNT | iso.MS_BIND | iso.MS_NOSUID | iso.MS_NODEV | iso.MS_NOEXEC
+    iso.mount("none", target, None, flags, None)
 
 
 def enter_pid_namespace(config: ZygoteConfig, sock: socket.socket) -> str | None:
