@@ -192,12 +192,11 @@ class Slot:
     @property
     def reaps_orphans(self) -> bool:
         """Whether this service, as pid 1, must reap what the executions left (no zygote
-        adopts their orphans: gVisor's ``subreaper`` note)."""
-        notes = self.report.isolation.notes if self.report is not None else {}
-        return "subreaper" in notes and not self.report_pid_namespace() and os.getpid() == 1
-
-    def report_pid_namespace(self) -> bool:
-        return self.report is not None and self.report.isolation.active("pid")
+        adopts their orphans: gVisor's ``subreaper`` note, and no pid namespace)."""
+        if self.report is None or os.getpid() != 1:
+            return False
+        isolation = self.report.isolation
+        return "subreaper" in isolation.notes and not isolation.active("pid")
 
     @property
     def healthy(self) -> bool:
