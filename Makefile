@@ -69,6 +69,7 @@ image:
 test-image: install
 	command -v podman > /dev/null && command -v catatonit > /dev/null || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman catatonit netavark aardvark-dns; }
+	deploy/runsc.sh || echo "deploy/runsc.sh failed: the gVisor shape will say why" >&2
 	SANDBOX_TEST_IMAGE=$(IMAGE) SANDBOX_TEST_DOCKER_IMAGE=$(IMAGE) SANDBOX_TEST_IMAGE_REQUIRED=1 \
 		$(PY) -m pytest -q tests/image \
 		tests/deploy/test_docker_backend.py::test_executions_in_real_slot_containers \

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the service's image (deploy/Dockerfile) on a Debian machine that reaches Debian's
 # packages and a Python package index but no image registry (`make image` runs it):
-#   1. the engine: installs Debian's docker.io if no dockerd exists, starts dockerd if none
-#      answers (log: $CACHE/dockerd.log, pid: $CACHE/dockerd.pid);
+#   1. the engine: installs Debian's docker.io if no dockerd exists, and gVisor's runsc as its
+#      runtime `runsc` (deploy/runsc.sh); starts dockerd if none answers (log:
+#      $CACHE/dockerd.log, pid: $CACHE/dockerd.pid);
 #   2. the base images, made from Debian's packages with mmdebstrap through this host's own apt
 #      sources and loaded with `docker import`: Python for PYTHON_IMAGE, and Redis for the
 #      compose shape of the container tests; each tarball is cached in $CACHE and its image
@@ -35,6 +36,7 @@ if ! command -v dockerd > /dev/null || [ ! -x "$DOCKER" ]; then
     say "no Docker engine here: installing Debian's docker.io"
     apt_install docker.io
 fi
+deploy/runsc.sh
 if ! "$DOCKER" info > /dev/null 2>&1; then
     say "starting dockerd (log: $CACHE/dockerd.log)"
     setsid dockerd --pidfile "$CACHE/dockerd.pid" > "$CACHE/dockerd.log" 2>&1 < /dev/null &

@@ -334,7 +334,7 @@ def _confine_and_run(spec: RunSpec[memoryview], config: ZygoteConfig, confinemen
         cpu_seconds=cpu_limit_s(spec.limits.timeout_s),
         file_size=config.max_file_mb * MIB,
         open_files=config.max_open_files,
-        processes=config.max_processes if confinement.uid else confinement.shared_process_limit,
+        processes=confinement.process_limit(config.max_processes),
     )
     if confinement.cgroup is not None:
         memory.make_killable()

@@ -25,12 +25,6 @@ _libc.syscall.restype = ctypes.c_long
 
 CLONE_NEWIPC = 0x08000000
 IPC_RMID = 0
-SYS_FSOPEN = 430
-SYS_FSCONFIG = 431
-SYS_FSMOUNT = 432
-FSCONFIG_CMD_CREATE = 6
-FSOPEN_CLOEXEC = 1
-FSMOUNT_CLOEXEC = 1
 AT_FDCWD = -100
 PAGE = os.sysconf("SC_PAGE_SIZE")
 SYSVIPC = {"shm": "shmctl", "sem": "semctl", "msg": "msgctl"}
@@ -42,34 +36,39 @@ class IpcLeft(Exception):
 
 def _check(ret: int, what: str) -> int:
     if ret < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
+        raise iso.failure(ctypes.get_errno(), what)
     return ret
 
 
 def _new_mqueue_mount() -> int:
     """A detached mount of the current IPC namespace's mqueue file system (a path fd)."""
-    fs = _check(int(_libc.syscall(SYS_FSOPEN, b"mqueue", FSOPEN_CLOEXEC)), "fsopen(mqueue)")
-    try:
-        _check(int(_libc.syscall(SYS_FSCONFIG, fs, FSCONFIG_CMD_CREATE, None, None, 0)),
-               "fsconfig(mqueue)")  # fmt: skip
-        return _check(int(_libc.syscall(SYS_FSMOUNT, fs, FSMOUNT_CLOEXEC, 0)), "fsmount(mqueue)")
-    finally:
-        os.close(fs)
+    return iso.new_detached_mount("mqueue")
 
 
-def enter_namespace(shm_mb: int) -> int:
+def enter_namespace(shm_mb: int) -> tuple[int, str | None]:
     """Unshare the IPC namespace, cap its shared memory at ``shm_mb`` in all, and return a
-    descriptor of its POSIX message-queue file system (to list and remove queues)."""
+    descriptor of its POSIX message-queue file system (to list and remove queues), and why
+    the cap could not be set, if so.
+
+    In a container /proc/sys is read-only (runc: EROFS; gVisor: EIO): the namespace is still
+    the zygote's own (no other slot sees its objects, all removed after each run), and its
+    shared memory is bounded by the container's memory limit instead of the cap."""
     iso.unshare(CLONE_NEWIPC)
     # Per-namespace sysctls: a new namespace starts from the kernel's defaults (unlimited).
-    with open("/proc/sys/kernel/shmall", "w") as f:
-        f.write(str(shm_mb * (1 << 20) // PAGE))
-    with open("/proc/sys/kernel/shmmax", "w") as f:
-        f.write(str(shm_mb * (1 << 20)))
+    uncapped = None
+    try:
+        with open("/proc/sys/kernel/shmall", "w") as f:
+            f.write(str(shm_mb * (1 << 20) // PAGE))
+        with open("/proc/sys/kernel/shmmax", "w") as f:
+            f.write(str(shm_mb * (1 << 20)))
+    except OSError as exc:
+        uncapped = (
+            f"shared memory not capped at {shm_mb} MiB (/proc/sys/kernel: {exc.strerror}): "
+            "bounded by the container's memory limit"
+        )
     mnt = _new_mqueue_mount()
     try:  # fsmount's descriptor is a path only; listing needs one opened for reading
-        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=mnt)
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=mnt), uncapped
     finally:
         os.close(mnt)
 

@@ -12,6 +12,7 @@ read-only). See docs/SECURITY.md.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import resource
 import signal
@@ -25,6 +26,8 @@ _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
 
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MS_NOEXEC = 0x8
@@ -46,10 +49,15 @@ MADV_COLLAPSE = 25
 HUGE_PAGE = 2 << 20
 
 
+def failure(err: int, what: str) -> OSError:
+    """``what`` failed with ``err``, named as a reader looks it up: "mount /: EINVAL (Invalid
+    argument)"."""
+    return OSError(err, f"{what}: {errno.errorcode.get(err, str(err))} ({os.strerror(err)})")
+
+
 def _check(ret: int, what: str) -> None:
     if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
+        raise failure(ctypes.get_errno(), what)
 
 
 def unshare(flags: int) -> None:
@@ -103,14 +111,14 @@ def _set_readonly(path: str, recursive: bool) -> None:
     _check(int(ret), f"mount_setattr {path}")
 
 
-def _within(path: str, parent: str) -> bool:
+def within(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
 def kept_inside(path: str, keep: list[str]) -> list[str]:
     """The outermost ``keep`` directories within ``path`` (``path`` itself if it is kept)."""
-    inside = sorted({k for k in keep if _within(k, path) and os.path.isdir(k)})
-    return [k for k in inside if not any(k != o and _within(k, o) for o in inside)]
+    inside = sorted({k for k in keep if within(k, path) and os.path.isdir(k)})
+    return [k for k in inside if not any(k != o and within(k, o) for o in inside)]
 
 
 def cover(path: str, keep: list[str], *, size_mb: int = 1, mode: int = 0o755,
@@ -142,6 +150,52 @@ def cover(path: str, keep: list[str], *, size_mb: int = 1, mode: int = 0o755,
     return inside
 
 
+SYS_FSOPEN = 430
+SYS_FSCONFIG = 431
+SYS_FSMOUNT = 432
+FSCONFIG_CMD_CREATE = 6
+FSOPEN_CLOEXEC = 1
+FSMOUNT_CLOEXEC = 1
+
+
+def _syscall_fd(ret: int, what: str) -> int:
+    if ret < 0:
+        raise failure(ctypes.get_errno(), what)
+    return ret
+
+
+def new_detached_mount(fstype: str) -> int:
+    """A fresh instance of ``fstype`` mounted nowhere (``fsopen``/``fsmount``, Linux 5.2+): a
+    path descriptor of its root."""
+    fs = _syscall_fd(int(_libc.syscall(SYS_FSOPEN, fstype.encode(), FSOPEN_CLOEXEC)),
+                     f"fsopen({fstype})")  # fmt: skip
+    try:
+        _syscall_fd(int(_libc.syscall(SYS_FSCONFIG, fs, FSCONFIG_CMD_CREATE, None, None, 0)),
+                    f"fsconfig({fstype})")  # fmt: skip
+        return _syscall_fd(int(_libc.syscall(SYS_FSMOUNT, fs, FSMOUNT_CLOEXEC, 0)),
+                           f"fsmount({fstype})")  # fmt: skip
+    finally:
+        os.close(fs)
+
+
+def hide_file(path: str) -> None:
+    """Mount an empty root-owned file of mode 0 over ``path`` (read-only): opening it fails
+    with EACCES for every uid an execution can have, whatever the mode of the file beneath."""
+    mnt = new_detached_mount("tmpfs")
+    try:
+        os.close(os.open("hidden", os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0, dir_fd=mnt))
+        fd = _syscall_fd(int(_libc.syscall(SYS_OPEN_TREE, mnt, b"hidden", OPEN_TREE_CLONE)),
+                         f"open_tree {path}")  # fmt: skip
+    finally:
+        os.close(mnt)
+    try:
+        ret = _libc.syscall(SYS_MOVE_MOUNT, fd, b"", -100, path.encode(), MOVE_MOUNT_F_EMPTY_PATH)
+        _check(int(ret), f"move_mount {path}")
+    finally:
+        os.close(fd)
+    _set_readonly(path, recursive=False)
+
+
 def private_proc() -> None:
     """A procfs of our own on /proc that shows a process only its own uid's processes
     (``hidepid=invisible``): the service, the zygotes and other slots' executions vanish,
@@ -149,8 +203,17 @@ def private_proc() -> None:
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
 
 
+PRCTL_NAMES = {
+    PR_SET_PDEATHSIG: "PR_SET_PDEATHSIG",
+    PR_SET_DUMPABLE: "PR_SET_DUMPABLE",
+    PR_SET_CHILD_SUBREAPER: "PR_SET_CHILD_SUBREAPER",
+    PR_SET_NO_NEW_PRIVS: "PR_SET_NO_NEW_PRIVS",
+}
+
+
 def prctl(option: int, arg: int) -> None:
-    _check(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl({option})")
+    ret = _libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0)
+    _check(ret, f"prctl({PRCTL_NAMES.get(option, option)})")
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -303,12 +366,38 @@ def kill_descendants(deadline: float) -> bool:
         time.sleep(0.001)
 
 
-def count_processes_of(uid: int) -> int:
+def reap_adopted_zombies() -> int:
+    """Reap the zombies of other uids among this process's children; how many.
+
+    Where no zygote may be a subreaper (gVisor allows it only pid 1) and none has a pid
+    namespace, an execution's orphans are re-parented to the container's init, the service:
+    killed by uid after each run, they would stay zombies there, and gVisor counts them
+    against every later fork's RLIMIT_NPROC. The service's own children (its zygotes) run as
+    its uid, and asyncio waits for those itself."""
+    me, own_uid, reaped = str(os.getpid()), os.getuid(), 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = read_small(f"/proc/{entry}/stat").rsplit(b")", 1)[1].split()
+            if fields[0] != b"Z" or fields[1] != me.encode():
+                continue
+            if os.stat(f"/proc/{entry}").st_uid == own_uid:
+                continue
+            if os.waitpid(int(entry), os.WNOHANG)[0]:
+                reaped += 1
+        except (OSError, IndexError):
+            continue
+    return reaped
+
+
+def count_processes_of(uid: int | None) -> int:
+    """Tasks (threads) of ``uid``'s processes; of every process for None."""
     count = 0
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.stat(f"/proc/{entry}").st_uid == uid:
+                if uid is None or os.stat(f"/proc/{entry}").st_uid == uid:
                     count += len(os.listdir(f"/proc/{entry}/task"))
             except OSError:
                 continue

@@ -3,12 +3,20 @@
 The zygote forks a child and hands the rest to this module: wait until the child exits,
 runs out of wall-clock time, or writes more than the output cap; and drain what is left once
 every writer is dead. ``judge.py`` turns what was seen into the service's status vocabulary.
+
+The child's exit is a readable descriptor: its pidfd, or where the kernel has no
+``pidfd_open`` (gVisor 20221219: ENOSYS) a pipe that SIGCHLD writes into
+(``signal.set_wakeup_fd``), after which ``waitid(WNOWAIT)`` says whether it was this child
+(other descendants' ends wake it too) without reaping it: ``wait4`` after the clean-up still
+gets its status and usage.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import select
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,24 +100,89 @@ def _read_into(fd: int, capture: Capture) -> bool:
     return bool(n)
 
 
-def _take(fd: int, pidfd: int, alarm: int | None, streams: dict[int, Capture],
+class ChildExit:
+    """A child's exit as a readable descriptor: its pidfd."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.fd = os.pidfd_open(pid)
+
+    def exited(self) -> bool:
+        """Whether the child has ended, now that ``fd`` was readable."""
+        return True
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class SigchldExit(ChildExit):
+    """A child's exit without pidfds: readable on any SIGCHLD (``install`` once per zygote)."""
+
+    pipe: tuple[int, int] | None = None
+
+    def __init__(self, pid: int) -> None:
+        assert SigchldExit.pipe is not None, "SigchldExit.install() first"
+        self.pid = pid
+        self.fd = SigchldExit.pipe[0]
+
+    def exited(self) -> bool:
+        try:
+            while os.read(self.fd, 512):
+                pass
+        except BlockingIOError:
+            pass
+        flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+        return os.waitid(os.P_PID, self.pid, flags) is not None
+
+    def close(self) -> None:
+        pass  # the pipe serves every execution
+
+    @classmethod
+    def install(cls) -> None:
+        """SIGCHLD writes a byte into the pipe; a forked child has neither (its descriptors
+        are its own: a byte in a file it opened under that number would be a corruption)."""
+        cls.pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        signal.set_wakeup_fd(cls.pipe[1], warn_on_full_buffer=False)
+        os.register_at_fork(after_in_child=cls._forget)
+
+    @classmethod
+    def _forget(cls) -> None:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
+def exit_watcher() -> tuple[type[ChildExit], str | None]:
+    """How this kernel lets the zygote wait for a child, and why not with a pidfd if not."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        return ChildExit, None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSYS, errno.EPERM):
+            raise
+        SigchldExit.install()
+        why = f"pidfd_open: {errno.errorcode[exc.errno]} ({exc.strerror})"
+        return SigchldExit, f"{why}: a child's end is SIGCHLD through a pipe, then waitid"
+
+
+def _take(fd: int, child: ChildExit, alarm: int | None, streams: dict[int, Capture],
           poller: select.poll, seen: Watch) -> None:  # fmt: skip
     """One ready descriptor: the child ended, the memory alarm, or output to read."""
-    if fd == pidfd:
-        seen.exited = True
+    if fd == child.fd:
+        seen.exited = child.exited()
     elif fd == alarm:
         seen.reason = "memory"
     elif not _read_into(fd, streams[fd]):
         poller.unregister(fd)
 
 
-def watch(pidfd: int, streams: dict[int, Capture], timeout_s: float, start: float,
+def watch(child: ChildExit, streams: dict[int, Capture], timeout_s: float, start: float,
           alarm: int | None = None, over: Sampler | None = None) -> Watch:  # fmt: skip
     """Wait until the child exits, runs out of time, or overflows an output cap, or until
     the tree goes over its memory limit: ``alarm`` (the memory cgroup's OOM eventfd) is
     readable, or ``over`` (called every ``SAMPLE_S`` where there is no cgroup) says so."""
     poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
+    poller.register(child.fd, select.POLLIN)
     if alarm is not None:
         poller.register(alarm, select.POLLIN)
     for fd in streams:
@@ -130,7 +203,7 @@ def watch(pidfd: int, streams: dict[int, Capture], timeout_s: float, start: floa
                 break
         wait = min(remaining, next_sample - now) if over is not None else remaining
         for fd, _ in poller.poll(wait * 1000 + 1):
-            _take(fd, pidfd, alarm, streams, poller, seen)
+            _take(fd, child, alarm, streams, poller, seen)
         if any(c.truncated for c in streams.values()):
             seen.reason = "output"
             break

@@ -14,7 +14,7 @@ from typing import Any
 
 from sandbox_service.executor import uids
 from sandbox_service.executor.imports import imports_only_stdlib, stdlib_only
-from sandbox_service.executor.protocol import IsolationReport, ZygoteConfig
+from sandbox_service.executor.protocol import IsolationReport, StartReport, ZygoteConfig
 from sandbox_service.executor.slot import Launcher, Slot, SlotStartError, launch_local
 from sandbox_service.settings import ISOLATION_LAYERS, Settings
 
@@ -55,7 +55,18 @@ def zygote_config(
         max_open_files=settings.max_open_files,
         max_file_mb=settings.max_file_mb,
         max_output_bytes=settings.max_output_bytes,
+        secret_files=secret_files(settings),
     )
+
+
+def secret_files(settings: Settings) -> list[str]:
+    """Every file the service reads a credential from: each setting named ``*_file`` (the API
+    keys, the Redis password, its TLS key and certificates), which zygotes hide from
+    executions or refuse to start beside (``startup.check_secrets_hidden``)."""
+    named = (
+        getattr(settings, name) for name in type(settings).model_fields if name.endswith("_file")
+    )
+    return sorted({path for path in named if isinstance(path, str) and path})
 
 
 def launcher(settings: Settings) -> Launcher:
@@ -90,8 +101,6 @@ class SlotPool:
             Slot(zygote_config(settings, n + i, light=True), launch)
             for i in range(n if wants_light(settings) else 0)
         ]
-        self.isolation: dict[str, bool | str] = {}  # as /v1/status shows it
-        self.zygote: dict[str, Any] = {}
         self.uids: uids.UidClaim | None = None
 
     def _claim_uids(self) -> None:
@@ -105,6 +114,34 @@ class SlotPool:
             n = len(self.slots)
             for i, slot in enumerate(self.zygotes):
                 slot.cfg = zygote_config(self.settings, i, self.uids.base, light=i >= n)
+
+    def _first_report(self) -> StartReport | None:
+        return next((s.report for s in self.slots if s.report is not None), None)
+
+    @property
+    def isolation(self) -> dict[str, bool | str]:
+        """The layers as /v1/status shows them: what the first slot's zygote reported (none
+        yet while no zygote has started)."""
+        first = self._first_report()
+        return first.isolation.published() if first is not None else {}
+
+    @property
+    def zygote(self) -> dict[str, Any]:
+        """The first slot's zygote's memory and preloads, as /v1/status shows them."""
+        first = self._first_report()
+        if first is None:
+            return {}
+        return {
+            "rss_mb": first.rss_mb,
+            "address_space_mb": first.address_space_mb,
+            "huge_pages_mb": first.huge_pages_mb,
+            "preload_failed": first.preload_failed,
+        }
+
+    def _require_on_restart(self) -> None:
+        """Every later start of a zygote fails (its slot retries) without the required layers."""
+        for slot in self.zygotes:
+            slot.required = tuple(self.settings.require_isolation)
 
     @property
     def zygotes(self) -> list[Slot]:
@@ -120,22 +157,26 @@ class SlotPool:
         return self.slots[index]
 
     async def start(self) -> None:
+        """Start every zygote. One that cannot start is not a start-up error (its slot keeps
+        retrying, /readyz and /v1/status say why, in the zygote's own words): like a failed
+        canary, the host may be at fault, not the settings. What the first zygote up reports
+        is checked against the settings: a required layer missing, or a preload failing, is."""
         self._claim_uids()
         outcomes = await asyncio.gather(*(s.start() for s in self.zygotes), return_exceptions=True)
-        errors = [o for o in outcomes if isinstance(o, BaseException)]
-        if errors:
-            await self.stop()
-            raise SlotStartError("; ".join(str(e) for e in errors))
-        first = self.slots[0].report
+        for outcome in outcomes:
+            if isinstance(outcome, SlotStartError):
+                log.error("%s", outcome)
+            elif isinstance(outcome, BaseException):
+                await self.stop()
+                raise outcome
+        started = [s for s in self.slots if s.report is not None and s.alive]
+        if not started:
+            log.error("no zygote started; each slot retries with backoff")
+            self._require_on_restart()
+            return
+        first = started[0].report
         assert first is not None  # started
         report: IsolationReport = first.isolation
-        self.isolation = report.published()
-        self.zygote = {
-            "rss_mb": first.rss_mb,
-            "address_space_mb": first.address_space_mb,
-            "huge_pages_mb": first.huge_pages_mb,
-            "preload_failed": first.preload_failed,
-        }
         failed = first.preload_failed
         if failed:
             # A module that cannot be imported means a broken environment (or an interpreter
@@ -149,11 +190,13 @@ class SlotPool:
             await self.stop()
             why = "; ".join(f"{m}: {report.note(m)}" for m in missing)
             raise IsolationUnavailable(f"required isolation unavailable: {why}")
+        self._require_on_restart()
         # Before the node says it is ready, every slot runs the canary through the whole
         # confinement. A slot that fails is not a start-up error (the worker keeps retrying it
         # with backoff, /readyz says why): the host may be at fault, not the settings.
-        proofs = await asyncio.gather(*(s.prove() for s in self.zygotes))
-        for slot, failed_canary in zip(self.zygotes, proofs, strict=True):
+        up = [s for s in self.zygotes if s.alive]
+        proofs = await asyncio.gather(*(s.prove() for s in up))
+        for slot, failed_canary in zip(up, proofs, strict=True):
             if failed_canary is not None:
                 log.error("slot %d cannot execute: %s", slot.index, failed_canary)
         active = [k for k in report.layers if report.active(k)]

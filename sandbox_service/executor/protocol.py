@@ -68,6 +68,7 @@ class ZygoteConfig:
     preload: list[str] = field(default_factory=list)
     warmup: str = ""
     python_path: list[str] = field(default_factory=list)  # more import directories
+    secret_files: list[str] = field(default_factory=list)  # the service's credentials: hidden
 
 
 class Mode(str, Enum):
@@ -228,6 +229,16 @@ class StartReport:
     def from_frame(cls, message: dict[str, Any]) -> StartReport:
         known = _known(cls, message)
         return cls(**{**known, "isolation": IsolationReport.from_frame(known["isolation"])})
+
+
+@dataclass(frozen=True)
+class StartFailure:
+    """A zygote's first frame when it cannot start: the step, and the kernel's answer."""
+
+    why: str  # e.g. "subreaper: prctl(PR_SET_CHILD_SUBREAPER): EINVAL (Invalid argument)"
+
+    def frame(self) -> dict[str, Any]:
+        return {"op": "failed", "why": self.why}
 
 
 def _payload_bytes(name: str, value: Any) -> bytes | memoryview:

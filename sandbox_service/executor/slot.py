@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 import sandbox_service
+from sandbox_service.executor import isolation as iso
 from sandbox_service.executor import memory, protocol
 from sandbox_service.executor.protocol import (
     Limits,
@@ -175,6 +176,7 @@ class Slot:
         self.canaries = 0
         self.failures = 0
         self.last_error: str | None = None
+        self.required: tuple[str, ...] = ()  # layers without which a start fails
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._running = False  # the zygote answered "ready" and has not died since
@@ -191,6 +193,15 @@ class Slot:
         )
 
     @property
+    def reaps_orphans(self) -> bool:
+        """Whether this service, as pid 1, must reap what the executions left (no zygote
+        adopts their orphans: gVisor's ``subreaper`` note, and no pid namespace)."""
+        if self.report is None or os.getpid() != 1:
+            return False
+        isolation = self.report.isolation
+        return "subreaper" in isolation.notes and not isolation.active("pid")
+
+    @property
     def healthy(self) -> bool:
         return self.alive and self._proven.is_set()
 
@@ -205,20 +216,52 @@ class Slot:
                 self._proven.clear()
 
     async def start(self) -> StartReport:
-        """Start the zygote and wait for its ready report (isolation layers, memory)."""
+        """Start the zygote and wait for its ready report (isolation layers, memory); a
+        SlotStartError with the zygote's own reason if it cannot start (also ``last_error``)."""
+        try:
+            return await self._start()
+        except SlotStartError as exc:
+            self._failed(str(exc))
+            raise
+
+    async def _start(self) -> StartReport:
         self.proc, self._reader, self._writer = await self._launch(self.cfg)
         try:
             msg = await asyncio.wait_for(protocol.read_message(self._reader), START_TIMEOUT_S)
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as exc:
+            why = await self._exit_reason()
             await self.kill()
-            raise SlotStartError(f"slot {self.index}: zygote did not start ({exc!r})") from exc
+            why = why or repr(exc)
+            raise SlotStartError(f"slot {self.index}: zygote did not start: {why}") from exc
+        if msg.get("op") == "failed":
+            await self.kill()
+            raise SlotStartError(f"slot {self.index}: zygote cannot start: {msg.get('why')}")
         if msg.get("op") != "ready":
             await self.kill()
             raise SlotStartError(f"slot {self.index}: unexpected first message {msg!r}")
-        self.report = StartReport.from_frame(msg)
+        report = StartReport.from_frame(msg)
+        missing = [layer for layer in self.required if not report.isolation.active(layer)]
+        if missing:
+            await self.kill()
+            why = "; ".join(f"{m}: {report.isolation.note(m)}" for m in missing)
+            raise SlotStartError(f"slot {self.index}: required isolation unavailable: {why}")
+        self.report = report
         self._running = True
         log.debug("slot %d ready: pid %s, %s", self.index, self.report.pid, self.report.isolation)
         return self.report
+
+    async def _exit_reason(self) -> str | None:
+        """How the zygote ended before its first frame (its exit status or signal), if it did
+        within a moment: a death no frame could say (killed, or the interpreter itself)."""
+        if self.proc is None:
+            return None
+        try:
+            code = await asyncio.wait_for(self.proc.wait(), 2.0)
+        except asyncio.TimeoutError:
+            return None
+        if code < 0:
+            return f"killed by signal {signal.strsignal(-code) or -code} before its ready report"
+        return f"exited with status {code} before its ready report (its stderr says why)"
 
     async def prove(self) -> str | None:
         """Run the canary; None if it passed (the slot is healthy), else why not (the zygote
@@ -242,11 +285,7 @@ class Slot:
         the start or the canary fails."""
         await self.kill()
         self.restarts += 1
-        try:
-            await self.start()
-        except SlotStartError as exc:
-            self._failed(str(exc))
-            raise
+        await self.start()
         why = await self.prove()
         if why is not None:
             raise CanaryFailed(f"slot {self.index}: {why}")
@@ -260,6 +299,8 @@ class Slot:
         the zygote itself failed at it (a fault of ours, so the worker may retry it)."""
         result = await self._exchange(spec)
         self.executions += 1
+        if self.reaps_orphans:
+            iso.reap_adopted_zombies()
         if result.recycle and result.status is RunStatus.internal_error:
             raise SlotCrashed(f"slot {self.index}: {result.message}")
         return result
@@ -339,6 +380,8 @@ class Slot:
         """The zygote's memory cgroup goes with it (the next one of the slot makes it again);
         its last processes may take a moment to die after it."""
         path = self.report.cgroup if self.report is not None else None
+        if path and not os.access(os.path.dirname(path), os.W_OK):
+            return  # read-only here (a container's cgroup mount): the slot's next zygote reuses it
         for _ in range(CGROUP_REMOVE_TRIES):
             if not path or memory.remove_cgroup(path):
                 return

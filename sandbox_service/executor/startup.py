@@ -23,16 +23,19 @@ its children there): it comes with the mount layer, or the zygote mounts one alo
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import signal
 import socket
+import stat
 import sys
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox_service.executor import ipc, memory, seccomp_filter
+from sandbox_service.executor import ipc, memory, monitor, seccomp_filter
 from sandbox_service.executor import isolation as iso
 from sandbox_service.executor.memory import SlotCgroup
 from sandbox_service.executor.protocol import IsolationReport, ZygoteConfig
@@ -60,6 +63,18 @@ class Confinement:
     # limit is what that user had at start plus headroom, enough to stop a fork bomb from
     # exhausting the host's pids, not to give each execution its own budget.
     shared_process_limit: int | None = None
+    # gVisor counts every task of the sandbox against RLIMIT_NPROC, whatever its uid.
+    nproc_counts_all: bool = False
+    # Orphans come back to the zygote (pid 1 of its namespace, or a subreaper); where neither
+    # holds (gVisor allows no subreaper but pid 1), every run ends with a kill by uid.
+    adopts_orphans: bool = True
+    exit_watch: type[monitor.ChildExit] = monitor.ChildExit  # a pidfd, or SIGCHLD (gVisor)
+
+    def process_limit(self, per_uid: int) -> int | None:
+        """A child's RLIMIT_NPROC: its own uid's budget, or the shared one."""
+        if self.uid and not self.nproc_counts_all:
+            return per_uid
+        return self.shared_process_limit
 
     def report(self) -> IsolationReport:
         layers = {
@@ -73,6 +88,31 @@ class Confinement:
             "rlimits": True,
         }
         return IsolationReport(layers, dict(self.notes))
+
+
+class StartFailed(Exception):
+    """A start-up step failed: its name, then the call and its errno."""
+
+
+@contextlib.contextmanager
+def step(name: str) -> Iterator[None]:
+    """Name the start-up step whose failure stops the zygote: "orphans: prctl(...): EINVAL"."""
+    try:
+        yield
+    except StartFailed:
+        raise
+    except OSError as exc:  # Python's own calls name the path, not the errno: add it
+        code = errno.errorcode.get(exc.errno or 0)
+        said = str(exc) if code is None or code in str(exc) else described(exc, code)
+        raise StartFailed(f"{name}: {said}") from exc
+    except Exception as exc:
+        raise StartFailed(f"{name}: {type(exc).__name__}: {exc}") from exc
+
+
+def described(exc: OSError, code: str) -> str:
+    """ "EACCES (Permission denied): /path" for an OSError of Python's own calls."""
+    where = f": {exc.filename}" if exc.filename else ""
+    return f"{type(exc).__name__}: {code} ({exc.strerror}){where}"
 
 
 def _try(confinement: Confinement, name: str, step: Any) -> bool:
@@ -155,6 +195,8 @@ def enter_mount_namespace(config: ZygoteConfig, confinement: Confinement) -> Non
     iso.private_proc()
     for path in config.hide_paths:
         iso.cover(path, interpreter_paths())
+    for path in secret_paths(config):
+        iso.hide_file(path)
     for path, size_mb in scratch_dirs(config):
         kept = iso.cover(path, interpreter_paths(), size_mb=size_mb, mode=SCRATCH_MODE,
                          writable=True)  # fmt: skip
@@ -165,14 +207,41 @@ def enter_mount_namespace(config: ZygoteConfig, confinement: Confinement) -> Non
 def enter_ipc_namespace(config: ZygoteConfig, confinement: Confinement) -> None:
     """SysV IPC and POSIX queues of the zygote's own, emptied after every execution; shared
     memory capped at the private /dev/shm's size (a new namespace's default is unlimited)."""
-    confinement.mq_fd = ipc.enter_namespace(shm_mb=min(SHM_MB, config.tmpfs_mb))
+    confinement.mq_fd, uncapped = ipc.enter_namespace(shm_mb=min(SHM_MB, config.tmpfs_mb))
+    if uncapped:
+        confinement.notes["ipc"] = uncapped
 
 
 def enter_memory_cgroup(config: ZygoteConfig, confinement: Confinement) -> None:
     """A memory cgroup of the zygote's own, so that a limit holds per execution tree."""
     if os.geteuid() != 0:
         raise PermissionError("not running as root: the limit is per process (RLIMIT_AS)")
-    confinement.cgroup = memory.SlotCgroup(memory.cgroup_name(config.slot, config.uid))
+    name = memory.cgroup_name(config.slot, config.uid)
+    try:
+        confinement.cgroup = memory.SlotCgroup(name)
+    except OSError as exc:
+        if exc.errno != errno.EROFS or not exc.filename:
+            raise
+        writable_cgroup_mount(str(exc.filename))
+        confinement.cgroup = memory.SlotCgroup(name)
+        confinement.notes["memory"] = (
+            "the container's cgroup mount is read-only: made writable in the zygote's own "
+            "mount namespace (the slot's cgroup stays for its next zygote)"
+        )
+
+
+def writable_cgroup_mount(path: str) -> None:
+    """In a mount namespace of the zygote's own, the read-only mount holding ``path`` (an
+    engine mounts the container's own cgroup read-only) remounted writable: the cgroup is
+    the container's, which its root may already change; executions, never root, cannot
+    write its root-owned files, and the mount layer makes it read-only again for them."""
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    target = max((p for p in points if iso.within(path, p)), key=len)
+    iso.unshare(iso.CLONE_NEWNS)
+    iso.mount("none", "/", None, iso.MS_REC | iso.MS_PRIVATE, None)
+    flags = iso.MS_REMOUNT | iso.MS_BIND | iso.MS_NOSUID | iso.MS_NODEV | iso.MS_NOEXEC
+    iso.mount("none", target, None, flags, None)
 
 
 def enter_pid_namespace(config: ZygoteConfig, sock: socket.socket) -> str | None:
@@ -182,11 +251,29 @@ def enter_pid_namespace(config: ZygoteConfig, sock: socket.socket) -> str | None
         return None
     if os.geteuid() != 0:
         return "not running as root: pids of the host's processes answer probes"
+    shared = shared_procfs()
+    if shared:
+        return shared
     try:
         enter_pid_namespace_as_init(sock.fileno())
     except OSError as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+# What holds where no memory cgroup does (monitor.watch's sampler, memory.TreeSampler).
+SAMPLER_STANDS_IN = (
+    "; the memory sampler stands in: the tree's resident memory every "
+    f"{monitor.SAMPLE_S * 1000:.0f} ms, and RLIMIT_AS per process"
+)
+
+
+def memory_layer(config: ZygoteConfig, found: Confinement) -> bool:
+    """The memory cgroup if it can be had, else a note of why and what stands in."""
+    if _try(found, "memory", lambda: enter_memory_cgroup(config, found)):
+        return True
+    found.notes["memory"] += SAMPLER_STANDS_IN
+    return False
 
 
 def confine_zygote(config: ZygoteConfig) -> Confinement:
@@ -197,7 +284,7 @@ def confine_zygote(config: ZygoteConfig) -> Confinement:
     if "net" in wanted:
         found.net = _try(found, "net", lambda: iso.unshare(iso.CLONE_NEWNET))
     if "memory" in wanted:  # before the mount layer makes /sys read-only
-        found.memory = _try(found, "memory", lambda: enter_memory_cgroup(config, found))
+        found.memory = memory_layer(config, found)
     if "ipc" in wanted:
         found.ipc = _try(found, "ipc", lambda: enter_ipc_namespace(config, found))
     if "mount" in wanted:
@@ -273,13 +360,139 @@ def enter_pid_namespace_as_init(sock_fd: int) -> None:
     os._exit(code if code >= 0 else 128 - code)
 
 
+def shared_procfs() -> str | None:
+    """Why a pid namespace's own /proc cannot be had here, if so. gVisor's procfs (release
+    20221219, seen here) is one instance for every mount: a zygote mounting its own made the
+    other zygotes' /proc show its namespace (their /proc/self vanished), so in gVisor none
+    does, and without a /proc of its own a zygote must stay in the container's namespace."""
+    if in_gvisor():
+        return (
+            "gVisor: its procfs shows every mount one pid namespace, so a zygote's own /proc "
+            "would show another zygote's; the container's pid namespace is shared"
+        )
+    return None
+
+
+def in_gvisor() -> bool:
+    return os.path.exists("/proc/sentry-meminfo")  # gVisor's Sentry; no Linux has it
+
+
+def gvisor_quirks(confinement: Confinement, max_processes: int) -> None:
+    """What gVisor (20221219) does otherwise than Linux, made up for and reported.
+
+    Its /proc shows a non-dumpable process's command line and environment to other uids:
+    without a pid namespace, an execution would read the service's (/proc/1/environ, with
+    whatever secret its environment holds). A mount namespace of the zygote's own covers
+    the service's /proc entry with an empty tmpfs of mode 0 (no mount leaves gVisor's
+    sandbox). And RLIMIT_NPROC counts every task of the sandbox, not the uid's: the limit is
+    what runs at start plus four executions' worth, as without a uid of its own."""
+    if not in_gvisor():
+        return
+    confinement.nproc_counts_all = True
+    confinement.notes["rlimits"] = (
+        "gVisor counts every task of the sandbox in RLIMIT_NPROC: the limit is those at "
+        f"start + 4 x max_processes ({max_processes})"
+    )
+    if confinement.pid or confinement.mount:
+        return
+    service = os.getppid()
+    try:
+        iso.unshare(iso.CLONE_NEWNS)
+        flags = iso.MS_NOSUID | iso.MS_NODEV | iso.MS_NOEXEC
+        iso.mount("tmpfs", f"/proc/{service}", "tmpfs", flags, "size=4k,mode=0")
+        confinement.notes["proc"] = f"/proc/{service} (the service) covered: gVisor shows environ"
+    except OSError as exc:
+        confinement.notes["proc"] = f"/proc/{service} (the service) visible to executions: {exc}"
+
+
 def in_own_pid_namespace() -> bool:
     """Whether this process is the init of a pid namespace (the zygote after ``enter``)."""
     return os.getpid() == 1
 
 
-def mount_own_proc() -> None:
-    """A /proc showing this namespace, for a zygote without the mount layer."""
+def adopt_orphans(confinement: Confinement) -> None:
+    """Make every orphan of an execution the zygote's child, to find and kill it: pid 1 of a
+    namespace is adopted by the kernel; else become a subreaper, which gVisor allows only
+    pid 1 (EINVAL): then the clean-up after each run kills by uid (or only the group)."""
+    if confinement.pid:
+        return
+    try:
+        iso.become_subreaper()
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        confinement.adopts_orphans = False
+        by = "the slot uid's every process" if confinement.uid else "its process group only"
+        confinement.notes["subreaper"] = f"{exc}: after each run, kills {by}"
+
+
+def mount_own_proc(confinement: Confinement) -> None:
+    """A /proc showing this namespace, for a zygote without the mount layer. Where the kernel
+    will not change ``/``'s propagation (gVisor: EINVAL; its mounts never reach the host's),
+    the new /proc is mounted without; where it has no ``hidepid``, without that."""
     iso.unshare(iso.CLONE_NEWNS)
-    iso.mount("none", "/", None, iso.MS_REC | iso.MS_PRIVATE, None)
-    iso.private_proc()
+    try:
+        iso.mount("none", "/", None, iso.MS_REC | iso.MS_PRIVATE, None)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        confinement.notes["proc"] = f"{exc}: /proc mounted with the propagation as it was"
+    try:
+        iso.private_proc()
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        iso.mount("proc", "/proc", "proc", iso.MS_NOSUID | iso.MS_NODEV | iso.MS_NOEXEC, None)
+        note = f"{exc}: /proc without hidepid (it shows this namespace's processes only)"
+        confinement.notes["proc"] = "; ".join(filter(None, [confinement.notes.get("proc"), note]))
+
+
+# ---------------------------------------------------------------- the service's credentials
+
+
+def secret_paths(config: ZygoteConfig) -> list[str]:
+    """Every path under which a credential file of the service is reached: as named, and
+    where its links lead (a Kubernetes Secret's file is a link into a dated directory)."""
+    paths = set()
+    for name in config.secret_files:
+        for path in (os.path.abspath(name), os.path.realpath(name)):
+            if os.path.isfile(path):
+                paths.add(path)
+    return sorted(paths)
+
+
+def _readable(paths: list[str]) -> list[str]:
+    found = []
+    for path in paths:
+        try:
+            os.close(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+        except OSError:
+            continue
+        found.append(f"{path} (mode {stat.S_IMODE(os.stat(path).st_mode):04o})")
+    return found
+
+
+def check_secrets_hidden(config: ZygoteConfig, confinement: Confinement) -> None:
+    """Refuse to start while an execution could open a credential file of the service: the
+    mount layer covers each (``hide_file``); without it, only a file the slot uid cannot read
+    passes (root's, mode 0400 or 0600)."""
+    paths = secret_paths(config)
+    if not paths:
+        return
+    uid = config.uid if confinement.uid and config.uid is not None else None
+    gid = config.gid if config.gid is not None else uid
+
+    def probe() -> bytes:
+        if uid is not None and gid is not None:
+            iso.drop_to(uid, gid)
+        return "\n".join(_readable(paths)).encode()
+
+    open_to_them = [p for p in iso.in_throwaway_child(probe).decode().split("\n") if p]
+    if open_to_them:
+        who = f"slot uid {uid}" if uid is not None else f"uid {os.getuid()} (no slot uid here)"
+        mount = confinement.notes.get("mount", "the mount layer is off")
+        raise PermissionError(
+            f"{who} can read the service's credentials {', '.join(open_to_them)}, and nothing "
+            f"hides them ({mount}): make each root's only (mode 0400; a Secret's defaultMode) "
+            "and run as root with the uid layer, or enable the mount layer"
+        )

@@ -1,12 +1,13 @@
 """The zygote: preloads modules once, then forks one confined child per execution.
 
 Run as ``python -m sandbox_service.executor.zygote CONFIG_JSON SOCKET_FD`` by a slot, one
-zygote per slot, one execution at a time. Start-up (``startup``): die with the parent, become
-a subreaper, enter namespaces of its own (when root), import the preload list, compile the
-seccomp filter; then freeze the heap into huge pages and report which isolation layers are
-active. Per execution this process, the parent, owns the timer, the output pipes (``monitor``),
-``wait4``, the working directory's reset (``workdir``) and the verdict (``judge``); the child
-confines itself and runs the code (``child``).
+zygote per slot, one execution at a time. Start-up (``startup``): die with the parent, enter
+namespaces of its own (when root), adopt orphans (pid 1 of its pid namespace, else a
+subreaper), import the preload list, compile the seccomp filter; then freeze the heap into
+huge pages and report which isolation layers are active, or the step that failed (the call
+and its errno) in a ``StartFailure`` frame. Per execution this process, the parent, owns the
+timer, the output pipes (``monitor``), ``wait4``, the working directory's reset (``workdir``)
+and the verdict (``judge``); the child confines itself and runs the code (``child``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from sandbox_service.executor.protocol import (
     Outcome,
     RunSpec,
     RunStatus,
+    StartFailure,
     StartReport,
     ZygoteConfig,
 )
@@ -111,7 +113,8 @@ class Zygote:
         except ProcessLookupError:
             pass
         _, status, usage = os.wait4(pid, 0)
-        if iso.my_children():  # escaped the group (setsid, double fork)
+        adopted = self.confinement.adopts_orphans
+        if not adopted or iso.my_children():  # escaped the group (setsid, double fork)
             if self.confinement.uid and self.config.uid is not None:
                 iso.kill_all_of_uid(self.config.uid)
             if not iso.kill_descendants(time.monotonic() + CLEANUP_GRACE_S):
@@ -170,7 +173,7 @@ class Zygote:
         start = time.monotonic()
         pid = self._fork(spec, pipes, workdir)
         pipes.close_child_ends()
-        pidfd = os.pidfd_open(pid)
+        ended = self.confinement.exit_watch(pid)
         cap = self.config.max_output_bytes
         streams = {
             pipes.out_r: monitor.Capture(cap, self.payload.take(cap + 1)),
@@ -185,7 +188,7 @@ class Zygote:
             else:
                 sampler = memory.TreeSampler(memory_mb)
                 alarm, over, finish = None, sampler.over, sampler.outcome
-            seen = monitor.watch(pidfd, streams, timeout_s, start, alarm, over)
+            seen = monitor.watch(ended, streams, timeout_s, start, alarm, over)
             status, usage = self._clean_up(pid)
             tree = finish()
             monitor.drain(streams)
@@ -196,7 +199,7 @@ class Zygote:
                 note = b""
             artifacts, index = self._collect(spec.collect, workdir)
         finally:
-            os.close(pidfd)
+            ended.close()
             pipes.close_parent_ends()
             self._reset_workdir(workdir)
         out, err = streams[pipes.out_r], streams[pipes.err_r]
@@ -252,26 +255,37 @@ def serve(sock: socket.socket, zygote: Zygote) -> None:
             return  # go-judge's rule: never reuse an environment that failed to reset
 
 
-def main(argv: list[str]) -> None:
-    if sys.path and sys.path[0] == os.getcwd():
-        del sys.path[0]  # Python 3.10 (no -P): the directory we were started in is not ours
-    config = ZygoteConfig(**json.loads(argv[0]))
-    sock = socket.socket(fileno=int(argv[1]))
-    iso.die_with_parent()
-    iso.become_subreaper()
-    iso.set_dumpable(False)
+def start_up(config: ZygoteConfig, sock: socket.socket) -> Zygote:
+    """Every start-up step, each named in the ``StartFailed`` that stops it."""
+    with startup.step("death signal"):
+        iso.die_with_parent()
+    with startup.step("non-dumpable"):
+        iso.set_dumpable(False)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the service, which stops us
     pid_note = startup.enter_pid_namespace(config, sock)
-    confinement = startup.confine_zygote(config)
+    with startup.step("confinement"):
+        confinement = startup.confine_zygote(config)
     confinement.pid = startup.in_own_pid_namespace()
+    with startup.step("orphans"):
+        startup.adopt_orphans(confinement)
+    with startup.step("waiting for children"):
+        confinement.exit_watch, why = monitor.exit_watcher()
+    if why:
+        confinement.notes["pidfd"] = why
     if confinement.pid and not confinement.mount:
-        startup.mount_own_proc()  # never the host's /proc seen from the zygote's namespace
+        with startup.step("own /proc of the pid namespace"):
+            startup.mount_own_proc(confinement)  # never the host's /proc seen from in here
     if pid_note:
         confinement.notes["pid"] = pid_note
+    with startup.step("gVisor"):
+        startup.gvisor_quirks(confinement, config.max_processes)
+    with startup.step("credentials"):
+        startup.check_secrets_hidden(config, confinement)
     failed = startup.preload(config.preload, config.warmup)
     if not confinement.mount:
-        prepare_slot_dir(config)
+        with startup.step("working directory"):
+            prepare_slot_dir(config)
     os.environ.clear()
     os.environ.update(child.environment("/tmp" if confinement.mount else config.work_root))
     child.prepare_streams()
@@ -281,8 +295,8 @@ def main(argv: list[str]) -> None:
     buffer = payload.Payload(result_room(config))  # before the address space is read
     mem = iso.memory_status()
     confinement.base_address_space = mem.get("VmSize", 0)
-    if not confinement.uid:
-        processes = iso.count_processes_of(os.getuid())
+    if not confinement.uid or confinement.nproc_counts_all:
+        processes = iso.count_processes_of(None if confinement.nproc_counts_all else os.getuid())
         confinement.shared_process_limit = processes + 4 * config.max_processes
     report = StartReport(
         pid=os.getpid(),
@@ -294,7 +308,22 @@ def main(argv: list[str]) -> None:
         cgroup=confinement.cgroup.path if confinement.cgroup is not None else None,
     )
     protocol.send(sock, report.frame())
-    serve(sock, Zygote(config, confinement, buffer=buffer))
+    return Zygote(config, confinement, buffer=buffer)
+
+
+def main(argv: list[str]) -> None:
+    if sys.path and sys.path[0] == os.getcwd():
+        del sys.path[0]  # Python 3.10 (no -P): the directory we were started in is not ours
+    config = ZygoteConfig(**json.loads(argv[0]))
+    sock = socket.socket(fileno=int(argv[1]))
+    try:
+        zygote = start_up(config, sock)
+    except Exception as exc:  # the slot reports it as is: the step, the call and its errno
+        why = str(exc) if isinstance(exc, startup.StartFailed) else f"{type(exc).__name__}: {exc}"
+        print(f"zygote of slot {config.slot}: cannot start: {why}", file=sys.stderr)
+        protocol.send(sock, StartFailure(why).frame())
+        sys.exit(1)
+    serve(sock, zygote)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@ the main suite they run where both are there and are otherwise skipped, saying w
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.image.engine import REQUIRED, Engine, engine, why_not
+from tests.image.test_shapes import PASSWORD, Secret
 
 REASON = why_not()
 
@@ -27,3 +29,14 @@ def _engine_and_image() -> None:
 @pytest.fixture
 def docker_engine() -> Iterator[Engine]:
     yield from engine()
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Secret:
+    out = Secret(tmp_path / "root-only", tmp_path / "readable")
+    for folder, mode in ((out.root_only, 0o400), (out.readable, 0o444)):
+        folder.mkdir()
+        folder.chmod(0o755)
+        (folder / "password").write_text(PASSWORD)
+        (folder / "password").chmod(mode)
+    return out
