@@ -34,6 +34,12 @@ DEFAULT_PRELOAD = [
 ISOLATION_LAYERS = ("net", "ipc", "pid", "mount", "uid", "seccomp", "memory", "rlimits")
 
 CommaList = Annotated[list[str], NoDecode]
+SLOTS_PER_CORE = 4
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, as a container's cpuset sets it)."""
+    return len(os.sched_getaffinity(0)) or 1
 
 
 class Settings(BaseSettings):
@@ -46,9 +52,23 @@ class Settings(BaseSettings):
 
     # Executor (mechanism).
     slots: int = Field(
-        default_factory=lambda: os.cpu_count() or 1,
+        default_factory=lambda: SLOTS_PER_CORE * usable_cpus(),
         ge=1,
-        description="Concurrent executions on this node: one zygote process per slot.",
+        description="Executions that may run at once on this node (one zygote process each): "
+        f"{SLOTS_PER_CORE} per core by default, so that programs that sleep or hang past "
+        "straggler_after_s hold a slot, not a core.",
+    )
+    cores: int = Field(
+        default_factory=lambda: usable_cpus(),
+        ge=1,
+        description="Executions that start at full speed at once: a slot takes a job only with "
+        "one of these free (default: the CPUs this process may use).",
+    )
+    straggler_after_s: float = Field(
+        default=0.5,
+        ge=0,
+        description="An execution still running this long after its start gives its core back "
+        "to the next job and runs on beside it; 0: it holds its core to the end.",
     )
     preload: CommaList = Field(
         default_factory=lambda: list(DEFAULT_PRELOAD),

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 
+from sandbox_service.cores import Cores
 from sandbox_service.executor.pool import SlotPool
 from sandbox_service.executor.protocol import Mode, Outcome, RunSpec, RunStatus
 from sandbox_service.executor.slot import CanaryFailed, Slot, SlotCrashed, SlotStartError
@@ -52,12 +53,14 @@ class SlotLoop:
         self.metrics = metrics
         self.name = name
         self.executions = 0
+        self.cores = Cores(settings.cores, settings.straggler_after_s)
         self._tasks: list[asyncio.Task[None]] = []
         self._supervisors: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
         self.metrics.slots.set(len(self.pool.slots))
         self.metrics.watch(self.metrics.slots_busy, lambda: self.busy)
+        self.metrics.watch(self.metrics.stragglers, lambda: self.cores.stragglers)
         self._tasks = [
             asyncio.create_task(self._consume(slot), name=f"slot-{slot.index}")
             for slot in self.pool.slots
@@ -109,19 +112,32 @@ class SlotLoop:
             else:
                 log.warning("slot %d: zygote restarted (pid %s)", slot.index, slot.pid)
 
+    async def _take(self) -> Job | None:
+        """The next job, once a core is free for it (``cores``); None once the source is shut."""
+        await self.cores.take()
+        try:
+            job = await self.source.get()
+        except BaseException:
+            self.cores.give()
+            raise
+        if job is None:
+            self.cores.give()
+        return job
+
     async def _consume(self, slot: Slot) -> None:
         """Slot ``slot``'s loop: one job at a time, on its full zygote or on its light one
-        (``SlotPool.zygote_for``)."""
+        (``SlotPool.zygote_for``), holding a core until it ends or straggles (``cores``)."""
         while True:
             await slot.wait_healthy()  # a slot that cannot execute takes no work
-            job = await self.source.get()
+            job = await self._take()
             if job is None:
                 return
             taken = time.monotonic()
             try:
-                on = self.pool.zygote_for(slot.index, job.request.code)
-                await on.wait_healthy()  # it may have died while we waited for work
-                result = await self.run(on, job)
+                with self.cores.held():
+                    on = self.pool.zygote_for(slot.index, job.request.code)
+                    await on.wait_healthy()  # it may have died while we waited for work
+                    result = await self.run(on, job)
             except asyncio.CancelledError:
                 stopped = "the worker stopped before this execution finished"
                 await self.source.done(job, result_for(job, Status.killed, stopped, self.name))

@@ -24,6 +24,7 @@ from typing import Protocol
 
 import sandbox_service
 from sandbox_service.executor import memory, protocol
+from sandbox_service.executor.monitor import MAX_STARVED_EXTENSION
 from sandbox_service.executor.protocol import (
     Outcome,
     RunSpec,
@@ -270,7 +271,7 @@ class Slot:
             try:
                 self._writer.write(protocol.encode(spec.frame()))
                 await self._writer.drain()
-                limit = spec.timeout_s + WATCHDOG_GRACE_S
+                limit = spec.timeout_s * (1 + MAX_STARVED_EXTENSION) + WATCHDOG_GRACE_S
                 message = await asyncio.wait_for(protocol.read_message(self._reader), limit)
             except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as exc:
                 await self.kill()
