@@ -25,7 +25,7 @@ from loadtests.generator import Plan, Recorder, drive
 from loadtests.targets import Target
 from loadtests.workloads import Item
 from sandbox_service.executor.pool import SlotPool
-from sandbox_service.executor.protocol import RunSpec
+from sandbox_service.executor.protocol import Limits, RunSpec
 
 
 @dataclass
@@ -62,7 +62,7 @@ async def bare_mode(
     pool: SlotPool, workload: str, code: str, expected: str, n: int, meter: Meter
 ) -> Measurement:
     """Each slot runs requests back to back, pulling from one iterator."""
-    request = RunSpec(code=code, timeout_s=30, memory_mb=1024)
+    request = RunSpec(code=code, limits=Limits(timeout_s=30, memory_mb=1024))
     latencies: list[float] = []
     wrong: list[Any] = [0, ""]
 

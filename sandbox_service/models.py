@@ -15,9 +15,11 @@ import posixpath
 from collections.abc import Iterable
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-SUPPORTED_LANGUAGES = ("python",)
+from sandbox_service.executor import languages
+from sandbox_service.executor.protocol import Mode as Mode
+
 # For the published schema: what the validators below accept, as JSON Schema can say it.
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 RELATIVE_PATH_PATTERN = r"^(?!/)(?!(?:.*/)?\.\.(?:/|$))(?!\.?/*$)[^\x00]+$"
@@ -37,11 +39,13 @@ JsonFloat = Annotated[float, BeforeValidator(_json_number)]
 
 
 class Status(str, enum.Enum):
-    """How an execution ended. The first six are the program's doing; the rest are the service's.
+    """How an execution ended. The first seven are the program's doing; the rest the service's.
 
     - ``ok``: exited with status 0.
     - ``error``: exited non-zero (an uncaught exception, ``sys.exit(3)``) or died of a signal
       it raised itself (a segfault in native code, ``os.abort()``).
+    - ``compile_error``: a compiled language's compile failed (errors, or past the compile's
+      own limits); it never ran. The compiler's output is in ``compile``.
     - ``timeout``: ran past its wall-clock or CPU limit and was killed.
     - ``memory_limit``: ran out of its address-space limit (``MemoryError``).
     - ``output_limit``: wrote more than the server's output cap and was killed.
@@ -54,6 +58,7 @@ class Status(str, enum.Enum):
 
     ok = "ok"
     error = "error"
+    compile_error = "compile_error"
     timeout = "timeout"
     memory_limit = "memory_limit"
     output_limit = "output_limit"
@@ -63,9 +68,9 @@ class Status(str, enum.Enum):
     internal_error = "internal_error"
 
 
-class Mode(str, enum.Enum):
-    script = "script"
-    repl = "repl"
+# Mode is the executor's (one definition); Status is RunStatus and what only the service
+# decides, kept equal by tests/sandbox_service/test_contract.py.
+SERVICE_ONLY = ("killed", "queue_timeout", "rejected")
 
 
 def check_relative_path(path: str) -> str:
@@ -127,14 +132,26 @@ def merge_files(earlier: dict[str, str], later: dict[str, str]) -> dict[str, str
 class ExecuteRequest(BaseModel):
     """One program to run. Server maxima (timeout, memory, code size) are checked by the API."""
 
-    model_config = ConfigDict(extra="forbid", use_enum_values=False)
+    model_config = ConfigDict(
+        extra="forbid",
+        use_enum_values=False,
+        # What _python_only refuses, said in the published schema: a client (or a fuzzer)
+        # following the document is never refused a request the schema allows.
+        json_schema_extra={"allOf": [{
+            "if": {"properties": {"language": {"not": {"enum": list(languages.PYTHON_NAMES)}}},
+                   "required": ["language"]},
+            "then": {"properties": {"session_id": {"type": "null"}, "mode": {"const": "script"}}},
+        }]},
+    )  # fmt: skip
 
     code: str = Field(description="The program's source.")
     stdin: str = Field(default="", description="Standard input given to the program.")
     language: str = Field(
         default="python",
-        description="Only 'python' is supported.",
-        json_schema_extra={"enum": list(SUPPORTED_LANGUAGES)},
+        description="The program's language (GET /v1/status lists the toolchains of this "
+        "node). Python runs in the preloaded interpreter; cpp and java are compiled first (once "
+        "per program: a compile cache), nodejs runs with node. Aliases: c++, javascript, js.",
+        json_schema_extra={"enum": list(languages.ALL_NAMES)},
     )
     timeout_s: JsonFloat = Field(default=10.0, gt=0, description="Wall-clock limit in seconds.")
     memory_mb: JsonInt = Field(default=1024, gt=0, description="Address-space limit in MiB.")
@@ -166,11 +183,17 @@ class ExecuteRequest(BaseModel):
     @field_validator("language")
     @classmethod
     def _language(cls, value: str) -> str:
-        if value not in SUPPORTED_LANGUAGES:
-            raise ValueError(
-                f"language {value!r} is not supported; supported: {', '.join(SUPPORTED_LANGUAGES)}"
-            )
-        return value
+        return languages.lookup(value).name  # UnknownLanguage is a ValueError: a 422
+
+    @model_validator(mode="after")
+    def _python_only(self) -> ExecuteRequest:
+        """Sessions and repl mode are Python's: its state, its expressions."""
+        if self.language != "python":
+            if self.session_id is not None:
+                raise ValueError(f"session_id is for python only, not {self.language}")
+            if self.mode is not Mode.script:
+                raise ValueError(f"mode 'repl' is for python only, not {self.language}")
+        return self
 
     @field_validator("files")
     @classmethod
@@ -185,6 +208,21 @@ class ExecuteRequest(BaseModel):
         if why is not None:
             raise ValueError(why)
         return value
+
+
+class CompileResult(BaseModel):
+    """The compile step of a compiled language: how the compiler ended, what it printed."""
+
+    status: Status = Field(description="ok, or how the compile failed (error, timeout, ...).")
+    exit_code: int | None = None
+    signal: int | None = None
+    stdout: str = ""
+    stderr: str = Field(default="", description="The compiler's diagnostics.")
+    wall_time_s: float = 0.0
+    cached: bool = Field(
+        default=False, description="This node had compiled the same program (compile cache)."
+    )
+    message: str = ""
 
 
 class ExecuteResult(BaseModel):
@@ -204,6 +242,9 @@ class ExecuteResult(BaseModel):
     queue_time_s: float = 0.0
     worker: str = ""
     message: str = ""
+    compile: CompileResult | None = Field(
+        default=None, description="The compile step, for a compiled language (cpp, java)."
+    )
 
 
 class BatchRequest(BaseModel):
@@ -275,6 +316,10 @@ class StatusReport(BaseModel):
         description="Each slot's light zygote (standard-library preloads only), if it has one.",
     )
     isolation: dict[str, bool | str] = Field(default_factory=dict)
+    languages: dict[str, str] = Field(
+        default_factory=dict,
+        description="Each language: its toolchain's version here, or 'unavailable: why'.",
+    )
     zygote: dict[str, object] = Field(
         default_factory=dict, description="Preloaded interpreter: resident MiB, failed preloads."
     )

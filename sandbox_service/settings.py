@@ -140,6 +140,12 @@ class Settings(BaseSettings):
         ge=1024,
         description="Captured bytes per stream (stdout, stderr); more is truncated and killed.",
     )
+    compile_cache_mb: int = Field(
+        default=256,
+        ge=0,
+        description="Compiled programs a worker keeps (cpp, java), by content, in MiB; 0: "
+        "none (every request compiles).",
+    )
 
     # API (policy).
     max_timeout_s: float = Field(default=120.0, gt=0, description="Largest timeout_s accepted.")

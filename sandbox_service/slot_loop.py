@@ -15,11 +15,12 @@ import logging
 import time
 
 from sandbox_service.cores import Cores
+from sandbox_service.executor.compiler import Compiled, Compiler
 from sandbox_service.executor.pool import SlotPool
-from sandbox_service.executor.protocol import Mode, Outcome, RunSpec, RunStatus
+from sandbox_service.executor.protocol import Limits, Outcome, RunSpec, RunStatus
 from sandbox_service.executor.slot import CanaryFailed, Slot, SlotCrashed, SlotStartError
 from sandbox_service.metrics import Metrics
-from sandbox_service.models import ExecuteResult, Status
+from sandbox_service.models import CompileResult, ExecuteResult, Status
 from sandbox_service.queue.base import MAX_ATTEMPTS, Job, JobSource, queue_timeout, result_for
 from sandbox_service.settings import Settings
 
@@ -37,8 +38,19 @@ def restart_backoff(failures: int) -> float:
 def zygote_request(job: Job) -> RunSpec[str]:
     """The executor's view of a request: what to run and under which limits, nothing else."""
     r = job.request
-    return RunSpec(code=r.code, stdin=r.stdin, mode=Mode(r.mode.value), files=r.files,
-                   timeout_s=r.timeout_s, memory_mb=r.memory_mb)  # fmt: skip
+    limits = Limits(timeout_s=r.timeout_s, memory_mb=r.memory_mb)
+    return RunSpec(code=r.code, stdin=r.stdin, mode=r.mode, files=r.files, limits=limits,
+                   language=r.language)  # fmt: skip
+
+
+def compile_result(compiled: Compiled | None) -> CompileResult | None:
+    if compiled is None:
+        return None
+    b = compiled.build
+    return CompileResult(status=Status(b.status.value), exit_code=b.exit_code, signal=b.signal,
+                         stdout=b.stdout,
+                         stderr=b.stderr, wall_time_s=b.wall_time_s, cached=compiled.cached,
+                         message=b.message)  # fmt: skip
 
 
 class SlotLoop:
@@ -54,6 +66,7 @@ class SlotLoop:
         self.name = name
         self.executions = 0
         self.cores = Cores(settings.cores, settings.straggler_after_s)
+        self.compiler = Compiler(settings.compile_cache_mb * 1024 * 1024)  # shared by the slots
         self._tasks: list[asyncio.Task[None]] = []
         self._supervisors: list[asyncio.Task[None]] = []
 
@@ -135,7 +148,7 @@ class SlotLoop:
             taken = time.monotonic()
             try:
                 with self.cores.held():
-                    on = self.pool.zygote_for(slot.index, job.request.code)
+                    on = self.pool.zygote_for(slot.index, job.request.code, job.request.language)
                     await on.wait_healthy()  # it may have died while we waited for work
                     result = await self.run(on, job)
             except asyncio.CancelledError:
@@ -156,8 +169,9 @@ class SlotLoop:
         started = time.time()
         if started > job.start_by:
             return queue_timeout(job, self.settings.max_queue_wait_s, self.name)
+        compiled = None
         try:
-            outcome = await slot.execute(zygote_request(job))
+            outcome, compiled = await self.compiler.execute(slot, zygote_request(job))
         except SlotCrashed as exc:
             log.warning("%s (attempt %d of %d)", exc, job.attempts + 1, MAX_ATTEMPTS)
             if job.attempts + 1 < MAX_ATTEMPTS:
@@ -179,6 +193,7 @@ class SlotLoop:
             queue_time_s=round(started - job.enqueued_at, 6),
             worker=f"{self.name}/{slot.index}",
             message=outcome.message,
+            compile=compile_result(compiled),
         )
 
     async def stop(self, grace_s: float) -> None:

@@ -13,6 +13,7 @@ import logging
 import signal
 from typing import Any
 
+from sandbox_service.executor.languages import toolchains
 from sandbox_service.executor.pool import SlotPool
 from sandbox_service.metrics import CONTENT_TYPE, Metrics
 from sandbox_service.probe_server import json_probe as _json
@@ -70,7 +71,7 @@ class WorkerNode:
         routes = {"/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics}
         probes = await serve_probes(self.settings.host, self.settings.worker_metrics_port, routes)
         try:
-            await self.pool.start()
+            await asyncio.gather(self.pool.start(), asyncio.to_thread(toolchains))  # as embedded
             self.metrics.watch(self.metrics.queue_depth, lambda: self.source.cluster_depth)
             self.metrics.watch(self.metrics.in_flight, lambda: self.slot_loop.busy)
             await self.source.start(self.describe)

@@ -8,8 +8,11 @@ long-batch`` and reads ``run_success``, ``success``, ``stdout``, ``stderr``, ``r
 and ``judge_client.py``):
 
 - A submission: ``sub_id`` (a uuid when absent), ``type``, ``options``, ``solution``,
-  ``input`` (stdin), ``expected_output``. Only ``type: python`` runs here; ``cpp`` and
-  ``math`` answer ``reason: invalid_input``, as does anything over this server's limits.
+  ``input`` (stdin), ``expected_output``. ``type: python`` and ``cpp`` run here (C++ compiled
+  with ``g++ -O2 -std=c++17``, once per solution: the service's compile cache); a compile
+  error is ``run_success: false`` with the compiler's diagnostics in ``stderr`` and no
+  ``reason`` (the submission's fault, as code-judge reports it). ``math`` answers ``reason:
+  invalid_input``, as does anything over this server's limits.
   ``options`` is accepted and ignored. A body of the wrong shape answers 422 (FastAPI's, as
   code-judge's); otherwise the answer is always 200, with one result per submission in order.
 - A result: ``run_success`` (exit status 0), ``success`` (``run_success`` and, when
@@ -106,13 +109,18 @@ class ServerStatus(BaseModel):
     num_workers: int
 
 
+LANGUAGES = {"python": "python", "cpp": "cpp"}  # code-judge's types this sandbox runs
+
+
 def _native(sub: Submission, settings: Settings, tenant: Tenant) -> ExecuteRequest:
-    if sub.type != "python":
-        raise Refused(f"type {sub.type!r} is not supported here: this sandbox runs python")
+    if sub.type not in LANGUAGES:
+        runs = ", ".join(LANGUAGES)
+        raise Refused(f"type {sub.type!r} is not supported here: this sandbox runs {runs}")
     return native_request(
         settings,
         NAMES,
         tenant,
+        language=LANGUAGES[sub.type],
         code=sub.solution,
         stdin=sub.input or "",
         timeout_s=min(settings.codejudge_timeout_s, settings.max_timeout_s),
@@ -143,13 +151,16 @@ def _result(sub: Submission, sub_id: str, result: ExecuteResult, cut: int) -> Su
     run_success = result.status is Status.ok
     expected = sub.expected_output
     success = run_success and (expected is None or result.stdout.strip() == expected.strip())
+    stderr = result.stderr
+    if result.status is Status.compile_error and result.compile is not None:
+        stderr = result.compile.stderr or result.message  # what code-judge's g++ step prints
     return SubmissionResult(
         sub_id=sub_id,
         success=success,
         run_success=run_success,
         cost=result.wall_time_s,
         stdout=_cut(result.stdout, cut),
-        stderr=_cut(result.stderr, cut),
+        stderr=_cut(stderr, cut),
         reason=Reason(outcome.judge),
     )
 

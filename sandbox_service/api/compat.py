@@ -22,7 +22,7 @@ FusionRunStatus = Literal["Finished", "Error", "TimeLimitExceeded"]
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Reading:
     """How one native status reads in each front.
 
     ``ran``: the program ran (to its end or to one of its limits); otherwise it never started,
@@ -35,17 +35,19 @@ class Outcome:
     judge: str
 
 
-OUTCOMES: dict[Status, Outcome] = {
-    Status.ok: Outcome(True, "Finished", ""),
-    Status.error: Outcome(True, "Finished", ""),
-    Status.timeout: Outcome(True, "TimeLimitExceeded", "worker_timeout"),
-    Status.memory_limit: Outcome(True, "Finished", ""),
-    Status.output_limit: Outcome(True, "Finished", ""),
-    Status.killed: Outcome(True, "Finished", ""),
+OUTCOMES: dict[Status, Reading] = {
+    Status.ok: Reading(True, "Finished", ""),
+    Status.error: Reading(True, "Finished", ""),
+    # The compile failed: the submission's fault. SandboxFusion says it in compile_result.
+    Status.compile_error: Reading(True, "Finished", ""),
+    Status.timeout: Reading(True, "TimeLimitExceeded", "worker_timeout"),
+    Status.memory_limit: Reading(True, "Finished", ""),
+    Status.output_limit: Reading(True, "Finished", ""),
+    Status.killed: Reading(True, "Finished", ""),
     # Never ran: code-judge clients resend queue_timeout items, which is what these want.
-    Status.queue_timeout: Outcome(False, "Error", "queue_timeout"),
-    Status.rejected: Outcome(False, "Error", "queue_timeout"),
-    Status.internal_error: Outcome(False, "Error", "internal_error"),
+    Status.queue_timeout: Reading(False, "Error", "queue_timeout"),
+    Status.rejected: Reading(False, "Error", "queue_timeout"),
+    Status.internal_error: Reading(False, "Error", "internal_error"),
 }
 
 

@@ -10,9 +10,15 @@ CommandRunResult, RunJupyterRequest/Response, CellRunResult) and its ``parse_run
   ``Error`` when the sandbox could not run it. See ``compat.OUTCOMES`` for every status.
 - ``status`` is ``Success`` (finished with 0), ``Failed`` (non-zero or time limit) or
   ``SandboxError`` (with ``message``); the client package raises on ``SandboxError``.
-- Python only (no compile step, so ``compile_result`` is null). Another language, code or
-  input over this server's size limits, or a file that is not base64 answer ``SandboxError``
-  saying why; a body of the wrong shape answers 422 as FastAPI (and so SandboxFusion) does.
+- Languages: ``python``, ``cpp``, ``java``, ``nodejs`` (SandboxFusion's names; ``javascript``
+  is read as ``nodejs``), from the service's table (``executor.languages``). A compiled
+  language reports its compile step in ``compile_result`` as SandboxFusion does: ``Finished``
+  with the compiler's exit status (non-zero: a compile error, overall ``Failed`` with
+  ``run_result`` null, which verl scores -4), or ``TimeLimitExceeded`` past the compile's own
+  limit. Python and Node.js have no compile step: ``compile_result`` is null. Another
+  language, ``fetch_files`` outside Python, code or input over this server's size limits, or
+  a file that is not base64 answer ``SandboxError`` saying why; a body of the wrong shape
+  answers 422 as FastAPI (and so SandboxFusion) does.
   Time and memory limits above this server's maxima are lowered to them.
 - A full or unreachable queue answers 504 with Retry-After: the status verl's client retries.
 - ``fetch_files``: the driver (``cell_driver``) reads them inside the sandbox after the code,
@@ -42,13 +48,16 @@ from sandbox_service.api.compat import (
 from sandbox_service.api.native import BODY_ERRORS, body_of, json_response, parse
 from sandbox_service.cell_program import Cell, Driven, Program, new_nonce, program
 from sandbox_service.cell_program import parse as parse_driven
+from sandbox_service.executor import languages
 from sandbox_service.models import (
+    CompileResult,
     ErrorBody,
     ExecuteRequest,
     ExecuteResult,
     JsonFloat,
     JsonInt,
     Mode,
+    Status,
 )
 from sandbox_service.queue.base import QueueFull, QueueUnavailable
 
@@ -59,12 +68,14 @@ NAMES = {"timeout_s": "run_timeout", "memory_mb": "memory_limit_MB"}
 
 
 class RunCodeRequest(BaseModel):
-    compile_timeout: JsonFloat = Field(10, description="Ignored: Python has no compile step.")
+    compile_timeout: JsonFloat = Field(
+        10, description="Ignored: a compile's limits are its language's (30 s for cpp and java)."
+    )
     run_timeout: JsonFloat = Field(10, description="Wall-clock limit in seconds.")
     memory_limit_MB: JsonInt = Field(-1, description="Memory limit; -1: the server's default.")
     code: str
     stdin: str | None = None
-    language: str = Field(description="Only 'python' runs here.")
+    language: str = Field(description="python, cpp, java or nodejs.")
     files: dict[str, str | None] = Field({}, description="Relative path -> base64 content.")
     fetch_files: list[str] = Field([], description="Paths read back (base64) after the run.")
     args: list[str] = Field([], description="Ignored (pytest arguments in SandboxFusion).")
@@ -141,11 +152,32 @@ def command_result(result: ExecuteResult, stdout: str, stderr: str) -> CommandRu
     )
 
 
-def run_status(command: CommandRunResult) -> tuple[OverallStatus, str]:
-    """(status, message) as SandboxFusion's ``parse_run_status`` decides them."""
-    if command.status == "Error":
-        return "SandboxError", command.stderr or ""
-    if command.status == "TimeLimitExceeded" or command.return_code != 0:
+def compile_command(compiled: CompileResult | None) -> CommandRunResult | None:
+    """SandboxFusion's ``compile_result``: ``TimeLimitExceeded`` past the compile's time,
+    else ``Finished`` with the compiler's exit status, never 0 for a failed compile."""
+    if compiled is None:
+        return None
+    if compiled.status is Status.timeout:
+        return CommandRunResult(status="TimeLimitExceeded", execution_time=compiled.wall_time_s,
+                                stdout=compiled.stdout, stderr=compiled.stderr)  # fmt: skip
+    code = compiled.exit_code if compiled.exit_code is not None else -(compiled.signal or 9)
+    if compiled.status is not Status.ok and code == 0:
+        code = 1  # it exited 0 but left nothing to run (message says what)
+    stderr = compiled.stderr or compiled.message
+    return CommandRunResult(status="Finished", execution_time=compiled.wall_time_s,
+                            return_code=code, stdout=compiled.stdout, stderr=stderr)  # fmt: skip
+
+
+def run_status(
+    command: CommandRunResult | None, compiled: CommandRunResult | None = None
+) -> tuple[OverallStatus, str]:
+    """(status, message) as SandboxFusion's ``parse_run_status`` decides them: the compile
+    step first, then the run."""
+    steps = [step for step in (compiled, command) if step is not None]
+    for step in steps:
+        if step.status == "Error":
+            return "SandboxError", step.stderr or ""
+    if any(s.status == "TimeLimitExceeded" or s.return_code != 0 for s in steps):
         return "Failed", ""
     return "Success", ""
 
@@ -172,9 +204,22 @@ async def _execute(
     return result, parse_driven(result.stdout, result.stderr, nonce)
 
 
+def _language(name: str, fetch_files: list[str]) -> str:
+    """The table's name for SandboxFusion's ``language``, or ``Refused``."""
+    try:
+        language = languages.lookup(name).name
+    except languages.UnknownLanguage:
+        runs = ", ".join(languages.NAMES)
+        raise Refused(
+            f"language {name!r} is not supported here: this sandbox runs {runs}"
+        ) from None
+    if fetch_files and language != "python":
+        raise Refused(f"fetch_files is supported for python only here, not {name!r}")
+    return language
+
+
 def _code_request(body: RunCodeRequest, request: Request) -> ExecuteRequest:
-    if body.language != "python":
-        raise Refused(f"language {body.language!r} is not supported here: this sandbox runs python")
+    language = _language(body.language, body.fetch_files)
     files = {path: data for path, data in body.files.items() if data is not None}
     return native_request(
         request.app.state.settings,
@@ -182,6 +227,7 @@ def _code_request(body: RunCodeRequest, request: Request) -> ExecuteRequest:
         tenant_of(request),
         code=body.code,
         stdin=body.stdin or "",
+        language=language,
         files=files,
         **_limits(request, body.run_timeout, body.memory_limit_MB),
     )
@@ -221,12 +267,16 @@ async def run_code(request: Request) -> Response:
     if isinstance(ran, Response):
         return ran
     result, driven = ran
-    command = command_result(result, driven.stdout, driven.stderr)
-    status, message = run_status(command)
+    compiled = compile_command(result.compile)
+    command = None
+    if result.status is not Status.compile_error:  # SandboxFusion runs nothing after one
+        command = command_result(result, driven.stdout, driven.stderr)
+    status, message = run_status(command, compiled)
     return json_response(
         RunCodeResponse(
             status=status,
             message=message,
+            compile_result=compiled,
             run_result=command,
             executor_pod_name=result.worker or None,
             files=driven.files,

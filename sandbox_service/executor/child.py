@@ -1,4 +1,4 @@
-"""The forked child's side of one execution: confine itself, then run the program like Python.
+"""The forked child's side of one execution: confine itself, then run the program.
 
 ``start`` runs in the child the zygote just forked: it puts the pipes in place, decodes the
 request in its own memory (and zeroes its copy of the zygote's buffer), sets the rlimits,
@@ -7,7 +7,9 @@ status descriptor; a failure before that is reported on it as ``SETUP_ERROR``. T
 runs the user's program in a fresh ``__main__``. Output, tracebacks and exit codes match
 ``python -c CODE`` (filename ``<string>``), except that tracebacks also show the source
 lines. ``repl`` mode prints the repr of a final expression, as IPython and the rStar2 tool do.
-Nothing is reported besides stdout, stderr and the exit status: the status descriptor, the
+A command (``RunSpec.argv``: a compiler, a compiled program, another language's runtime)
+instead replaces the child once it is confined (``exec_program``). Nothing is reported
+besides stdout, stderr and the exit status: the status descriptor, the
 setup's channel to the zygote, is closed before the first line of user code runs, so whatever
 the program writes or does, the verdict is the parent's (``judge.py``).
 """
@@ -20,6 +22,8 @@ import io
 import linecache
 import math
 import os
+import resource
+import shutil
 import sys
 import traceback
 import types
@@ -37,6 +41,8 @@ if TYPE_CHECKING:
 FILENAME = "<string>"
 STATUS_FD = 3
 SETUP_FAILED = 125  # the child's exit status when it failed before user code
+EXEC_FAILED = 127  # as a shell answers a command it could not run
+EXEC_ADDRESS_SLACK_MB = 256
 MIB = 1024 * 1024
 
 
@@ -195,6 +201,33 @@ def close_setup_channel() -> None:
     os.close(STATUS_FD)
 
 
+def exec_program(spec: RunSpec[memoryview], workdir: str) -> NoReturn:
+    """Replace this process by ``spec.argv``, in the working directory: from here on it is the
+    command's, with the environment of user code and the confinement already in place (the
+    seccomp filter, the rlimits and the uid survive ``exec``). A command not on ``PATH`` is the
+    node's fault (a missing toolchain), reported before the setup channel closes."""
+    env = environment(workdir)
+    path = shutil.which(spec.argv[0], path=env["PATH"])
+    if path is None:
+        raise FileNotFoundError(f"{spec.argv[0]!r} is not installed on this node")
+    if spec.limits.address_space:
+        room = exec_address_space(spec.limits.memory_mb)
+        resource.setrlimit(resource.RLIMIT_AS, (room, room))
+    close_setup_channel()
+    try:
+        os.execve(path, spec.argv, env)
+    except OSError as exc:
+        os.write(2, f"cannot run {spec.argv[0]}: {exc}\n".encode())
+    os._exit(EXEC_FAILED)
+
+
+def exec_address_space(memory_mb: int) -> int:
+    """``RLIMIT_AS`` of a command exec'd in the interpreter's place: twice its memory limit and
+    a margin for its libraries, a backstop against one huge allocation; the limit itself is
+    the tree's (cgroup or sampler), which a program reaches first as it touches its pages."""
+    return (2 * memory_mb + EXEC_ADDRESS_SLACK_MB) * MIB
+
+
 def main(code: str, mode: str, workdir: str) -> None:
     reset_interpreter(workdir)
     close_setup_channel()
@@ -213,6 +246,15 @@ def _write_files(files: dict[str, str]) -> None:
             os.makedirs(directory, exist_ok=True)
         with open(path, "wb") as f:
             f.write(base64.b64decode(data))
+
+
+def _write_program(spec: RunSpec[memoryview], code: str) -> None:
+    """An exec'd command's source file and executables, in the working directory."""
+    if spec.source:
+        with open(spec.source, "wb") as f:
+            f.write(code.encode("utf-8", "surrogatepass"))
+    for name in spec.executables:
+        os.chmod(name, 0o755)
 
 
 def cpu_limit_s(timeout_s: float) -> int:
@@ -260,11 +302,18 @@ def _confine_and_run(spec: RunSpec[memoryview], config: ZygoteConfig, confinemen
                      workdir: str, zygote_pid: int, buffer: payload.Payload) -> None:  # fmt: skip
     """Confine this process (descriptors already in place) and run the program."""
     code, files = _decode_request(spec, buffer)
+    # An exec'd command gets an address-space limit of its own just before exec
+    # (exec_program): until then this process still maps the whole zygote.
+    address_space = (
+        confinement.base_address_space + spec.limits.memory_mb * MIB
+        if spec.in_process
+        else resource.RLIM_INFINITY
+    )
     uid = config.uid if confinement.uid and config.uid is not None else os.getuid()
     gid = (config.gid if config.gid is not None else uid) if confinement.uid else os.getgid()
     iso.set_limits(
-        address_space=confinement.base_address_space + spec.memory_mb * MIB,
-        cpu_seconds=cpu_limit_s(spec.timeout_s),
+        address_space=address_space,
+        cpu_seconds=cpu_limit_s(spec.limits.timeout_s),
         file_size=config.max_file_mb * MIB,
         open_files=config.max_open_files,
         processes=config.max_processes if confinement.uid else confinement.shared_process_limit,
@@ -279,7 +328,11 @@ def _confine_and_run(spec: RunSpec[memoryview], config: ZygoteConfig, confinemen
         os._exit(SETUP_FAILED)
     os.chdir(workdir)
     _write_files(files)
+    if not spec.in_process:
+        _write_program(spec, code)
     if confinement.filter is not None:
         iso.no_new_privs()
         confinement.filter.load()
+    if not spec.in_process:
+        exec_program(spec, workdir)
     main(code, spec.mode.value, workdir)

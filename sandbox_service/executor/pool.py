@@ -109,10 +109,12 @@ class SlotPool:
     def zygotes(self) -> list[Slot]:
         return self.slots + self.light
 
-    def zygote_for(self, index: int, code: str) -> Slot:
+    def zygote_for(self, index: int, code: str, language: str = "python") -> Slot:
         """Which of slot ``index``'s zygotes runs ``code``: the light one for a program that
-        imports only the standard library, while it is healthy; else the full one."""
-        if self.light and self.light[index].healthy and imports_only_stdlib(code):
+        imports only the standard library, or that execs another language's command (its
+        fork copies less), while it is healthy; else the full one."""
+        light = language != "python" or imports_only_stdlib(code)
+        if self.light and self.light[index].healthy and light:
             return self.light[index]
         return self.slots[index]
 

@@ -26,7 +26,8 @@ from typing import Any, Generic, TypeVar
 import orjson
 
 MAX_FRAME = 256 * 1024 * 1024
-PAYLOAD = ("code", "stdin", "files", "stdout", "stderr")
+PAYLOAD = ("code", "stdin", "files", "stdout", "stderr", "artifacts")
+MAX_ARTIFACTS_BYTES = 16 * 1024 * 1024  # what a run may send back of the files it collects
 
 # A payload field: text on the slot's side, a view into the wiped buffer in the zygote.
 P = TypeVar("P", str, memoryview)
@@ -74,11 +75,13 @@ class Mode(str, Enum):
 
 
 class RunStatus(str, Enum):
-    """How one execution ended, as its zygote judged it (``judge.py``): the API's ``Status``
-    less what only the service decides (killed, queue_timeout, rejected)."""
+    """How one execution ended, as its zygote judged it (``judge.py``), or its compile step
+    (``compiler.py``): the API's ``Status`` less what only the service decides (killed,
+    queue_timeout, rejected)."""
 
     ok = "ok"
     error = "error"
+    compile_error = "compile_error"
     timeout = "timeout"
     memory_limit = "memory_limit"
     output_limit = "output_limit"
@@ -86,23 +89,58 @@ class RunStatus(str, Enum):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunSpec(Generic[P]):
-    """One execution: what to run and under which limits, nothing else."""
+class Limits:
+    """What one execution may use, defined per execution whatever runs in it.
 
-    code: P
+    ``memory_mb`` bounds the execution's processes together (the memory cgroup, or the
+    sampler), counted from what the run itself adds: for Python run in the zygote's
+    interpreter, on top of that interpreter; for a command exec'd in its place (``argv``), the
+    whole of what it maps, since the interpreter it replaced no longer counts.
+    ``address_space``: each process also gets ``RLIMIT_AS`` (a backstop where there is no
+    cgroup); off for runtimes that reserve far more address space than they use (a JVM)."""
+
     timeout_s: float
     memory_mb: int
+    address_space: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec(Generic[P]):
+    """One execution: what to run and under which limits, nothing else.
+
+    ``argv`` empty: ``code`` is Python, run in the zygote's interpreter (``child.run``).
+    Otherwise ``code`` is written to ``source`` in the working directory, ``files`` beside it
+    (those named in ``executables`` made executable), and ``argv`` replaces the interpreter
+    (looked up on the child's ``PATH``). ``collect``: patterns (``fnmatch``) of files at the
+    top of the working directory sent back with the result, read by the zygote, never
+    followed through a link (a compile's output). ``language`` is for reports only: the
+    executor knows nothing language-specific."""
+
+    code: P
+    limits: Limits
     stdin: P | str = ""
     files: dict[str, str] | memoryview = field(default_factory=dict)  # {path: base64}
     mode: Mode = Mode.script
+    language: str = "python"
+    argv: list[str] = field(default_factory=list)
+    source: str = ""
+    executables: list[str] = field(default_factory=list)
+    collect: list[str] = field(default_factory=list)
+
+    @property
+    def in_process(self) -> bool:
+        """Python in the zygote's own interpreter, rather than a command exec'd in its place."""
+        return not self.argv
 
     def frame(self) -> dict[str, Any]:
-        return {"op": "run", **_shallow(self), "mode": self.mode.value}
+        return {"op": "run", **_shallow(self), "mode": self.mode.value,
+                "limits": _shallow(self.limits)}  # fmt: skip
 
     @classmethod
     def from_frame(cls, message: dict[str, Any]) -> RunSpec[Any]:
         known = _known(cls, message)
-        return cls(**{**known, "mode": Mode(known.get("mode", "script"))})
+        mode = Mode(known.get("mode", "script"))
+        return cls(**{**known, "mode": mode, "limits": Limits(**known["limits"])})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +160,17 @@ class Outcome(Generic[P]):
     cpu_time_s: float = 0.0
     peak_memory_mb: float = 0.0
     recycle: bool = False  # the zygote could not clean up after it and exits: never reuse it
+    # The files RunSpec.collect named, one after the other; their names and sizes in order.
+    artifacts: memoryview | bytes = b""
+    artifact_index: list[tuple[str, int]] = field(default_factory=list)
+
+    def artifact_files(self) -> dict[str, bytes]:
+        """The collected files by name (on the slot's side)."""
+        files, at = {}, 0
+        for name, size in self.artifact_index:
+            files[name] = bytes(self.artifacts[at : at + size])
+            at += size
+        return files
 
     def frame(self) -> dict[str, Any]:
         return {**_shallow(self), "status": self.status.value}
@@ -129,7 +178,8 @@ class Outcome(Generic[P]):
     @classmethod
     def from_frame(cls, message: dict[str, Any]) -> Outcome[Any]:
         known = _known(cls, message)
-        return cls(**{**known, "status": RunStatus(known["status"])})
+        index = [(str(name), int(size)) for name, size in known.get("artifact_index", [])]
+        return cls(**{**known, "status": RunStatus(known["status"]), "artifact_index": index})
 
 
 @dataclass(frozen=True)
@@ -218,11 +268,13 @@ def payload_sizes(header: dict[str, Any]) -> list[tuple[str, int]]:
 
 
 def decode_payload(name: str, data: bytes) -> Any:
-    """A payload field as the slot side sees it: files a dict, the rest text."""
+    """A payload field as the slot side sees it: files a dict, artifacts bytes, the rest text."""
     if name == "files":
         return orjson.loads(data)
     if name in ("stdout", "stderr"):
         return data.decode("utf-8", errors="replace")
+    if name == "artifacts":
+        return data
     return data.decode("utf-8", "surrogatepass")
 
 

@@ -26,6 +26,7 @@ import sandbox_service
 from sandbox_service.executor import memory, protocol
 from sandbox_service.executor.monitor import MAX_STARVED_EXTENSION
 from sandbox_service.executor.protocol import (
+    Limits,
     Outcome,
     RunSpec,
     RunStatus,
@@ -138,8 +139,8 @@ class Canary:
     expected: str = "canary 42\n"
 
     def request(self) -> RunSpec[str]:
-        return RunSpec(code=self.code, stdin=self.stdin, timeout_s=CANARY_TIMEOUT_S,
-                       memory_mb=CANARY_MEMORY_MB)  # fmt: skip
+        limits = Limits(timeout_s=CANARY_TIMEOUT_S, memory_mb=CANARY_MEMORY_MB)
+        return RunSpec(code=self.code, stdin=self.stdin, limits=limits)
 
     def failure(self, result: Outcome[str]) -> str | None:
         """Why ``result`` is not the canary's right answer, or None."""
@@ -271,7 +272,7 @@ class Slot:
             try:
                 self._writer.write(protocol.encode(spec.frame()))
                 await self._writer.drain()
-                limit = spec.timeout_s * (1 + MAX_STARVED_EXTENSION) + WATCHDOG_GRACE_S
+                limit = spec.limits.timeout_s * (1 + MAX_STARVED_EXTENSION) + WATCHDOG_GRACE_S
                 message = await asyncio.wait_for(protocol.read_message(self._reader), limit)
             except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as exc:
                 await self.kill()

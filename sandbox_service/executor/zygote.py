@@ -11,6 +11,7 @@ confines itself and runs the code (``child``).
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import gc
 import json
@@ -18,6 +19,7 @@ import os
 import resource
 import signal
 import socket
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -38,6 +40,14 @@ from sandbox_service.executor.workdir import WorkDirs, prepare_slot_dir
 
 MIB = 1024 * 1024
 CLEANUP_GRACE_S = 2.0
+
+
+def result_room(config: ZygoteConfig) -> int:
+    return 2 * (config.max_output_bytes + 1) + protocol.MAX_ARTIFACTS_BYTES
+
+
+def _matches(name: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
 def _tree_cpu_s() -> float:
@@ -80,8 +90,9 @@ class Zygote:
 
     @property
     def result_room(self) -> int:
-        """What a result needs of the payload buffer: both output streams, one byte over."""
-        return 2 * (self.config.max_output_bytes + 1)
+        """What a result needs of the payload buffer: both output streams, one byte over, and
+        the files a run may send back (address space only, until a run collects some)."""
+        return result_room(self.config)
 
     def receive(self, sock: socket.socket) -> dict[str, Any] | None:
         """The next request, its payload in the buffer; a larger buffer is a larger address
@@ -118,13 +129,66 @@ class Zygote:
                 self.dirty = True
         return status, usage
 
+    def _collect(
+        self, patterns: list[str], workdir: str
+    ) -> tuple[memoryview | bytes, list[tuple[str, int]]]:
+        """The files at the top of ``workdir`` that ``patterns`` match, read into the payload
+        buffer (wiped after the result is sent: nothing of them stays in this heap), with
+        their names and sizes. Every process of the run is dead by now. Only plain files with
+        one link count, opened without following a link: what the run left there is the
+        run's, but a link could name a file only this process may read. What would take more
+        than ``MAX_ARTIFACTS_BYTES`` is left out (the caller finds it missing)."""
+        if not patterns:
+            return b"", []
+        with os.scandir(workdir) as entries:
+            names = sorted(e.name for e in entries if _matches(e.name, patterns))
+        found: list[tuple[str, int, int]] = []
+        total = 0
+        try:
+            for name in names:
+                flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+                try:
+                    fd = os.open(os.path.join(workdir, name), flags)
+                except OSError:  # a link (ELOOP), or gone
+                    continue
+                info = os.fstat(fd)
+                plain = stat.S_ISREG(info.st_mode) and info.st_nlink == 1
+                if not plain or total + info.st_size > protocol.MAX_ARTIFACTS_BYTES:
+                    os.close(fd)
+                    continue
+                found.append((name, info.st_size, fd))
+                total += info.st_size
+            view = self.payload.take(total)
+            at = 0
+            for _, size, fd in found:
+                end = at + size
+                while at < end and (n := os.readv(fd, [view[at:end]])) > 0:
+                    at += n
+                at = end  # nothing of the run is left to write it: a short read stays zeros
+        finally:
+            for _, _, fd in found:
+                os.close(fd)
+        return view, [(name, size) for name, size, _ in found]
+
+    def _memory_basis(
+        self, spec: RunSpec[memoryview], peak_rss: int, tree: memory.MemoryOutcome | None
+    ) -> tuple[int, int]:
+        """(peak, base) in bytes that ``judge.memory_reached`` compares with the limit, per
+        execution. In-process Python starts from the zygote's resident memory. A command that
+        replaced the interpreter does not: its memory is the tree's (cgroup or sampler), from
+        zero; ``wait4``'s peak would count the zygote's pages the child held before ``exec``,
+        so without a tree measure only what is above the zygote's size counts."""
+        if not spec.in_process and tree is not None:
+            return int(tree.peak_mb * MIB), 0
+        return peak_rss, self.base_rss
+
     def execute(self, spec: RunSpec[memoryview]) -> Outcome[memoryview]:
-        timeout_s = spec.timeout_s
+        timeout_s, memory_mb = spec.limits.timeout_s, spec.limits.memory_mb
         workdir = self.workdirs.make()
         stdin = spec.stdin if isinstance(spec.stdin, memoryview) else b""  # "": none sent
         pipes = monitor.Pipes.open(stdin)
         if self.confinement.cgroup is not None:
-            self.confinement.cgroup.begin(spec.memory_mb)
+            self.confinement.cgroup.begin(memory_mb)
         cpu_before = _tree_cpu_s()
         start = time.monotonic()
         pid = self._fork(spec, pipes, workdir)
@@ -142,7 +206,7 @@ class Zygote:
             if cgroup is not None:
                 alarm, finish = cgroup.oom_alarm, cgroup.end
             else:
-                sampler = memory.TreeSampler(spec.memory_mb)
+                sampler = memory.TreeSampler(memory_mb)
                 alarm, over, finish = None, sampler.over, sampler.outcome
             waited = functools.partial(_runqueue_wait_s, pid)
             seen = monitor.watch(pidfd, streams, timeout_s, start, alarm, over, waited)
@@ -154,21 +218,23 @@ class Zygote:
                 note = os.read(pipes.st_r, 4096)
             except BlockingIOError:
                 note = b""
+            artifacts, index = self._collect(spec.collect, workdir)
         finally:
             os.close(pidfd)
             pipes.close_parent_ends()
             self._reset_workdir(workdir)
         out, err = streams[pipes.out_r], streams[pipes.err_r]
         tree_cpu = _tree_cpu_s() - cpu_before
+        peak_rss, base_rss = self._memory_basis(spec, usage.ru_maxrss * 1024, tree)
         observed = judge.Observed(
             wait_status=status,
             watch=seen,
             setup_note=note,
             tree_cpu_s=tree_cpu,
             cpu_limit_s=child.cpu_limit_s(timeout_s),
-            peak_rss_bytes=usage.ru_maxrss * 1024,
-            base_rss_bytes=self.base_rss,
-            memory_mb=spec.memory_mb,
+            peak_rss_bytes=peak_rss,
+            base_rss_bytes=base_rss,
+            memory_mb=memory_mb,
             timeout_s=timeout_s,
             tree=tree,
         )
@@ -185,6 +251,8 @@ class Zygote:
             cpu_time_s=round(tree_cpu, 6),
             peak_memory_mb=memory.peak_mb(tree, round(usage.ru_maxrss / 1024, 3)),
             message=message,
+            artifacts=artifacts,
+            artifact_index=index,
         )
 
 
@@ -237,7 +305,7 @@ def main(argv: list[str]) -> None:
     gc.collect()
     gc.freeze()  # children's collections then leave the preloaded objects (and their pages) alone
     huge_mb = iso.collapse_heap_into_huge_pages()
-    buffer = payload.Payload(2 * (config.max_output_bytes + 1))  # before the address space is read
+    buffer = payload.Payload(result_room(config))  # before the address space is read
     mem = iso.memory_status()
     confinement.base_address_space = mem.get("VmSize", 0)
     if not confinement.uid:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 
+from sandbox_service.executor.languages import toolchains
 from sandbox_service.executor.pool import SlotPool
 from sandbox_service.executor.slot import Slot
 from sandbox_service.metrics import Metrics
@@ -49,7 +50,9 @@ class EmbeddedRuntime:
         self._deadline: asyncio.TimerHandle | None = None
 
     async def start(self) -> None:
-        await self.pool.start()
+        # The toolchains are probed (once: /v1/status and the compile cache read the result)
+        # while the zygotes start, rather than by the first status request or compile.
+        await asyncio.gather(self.pool.start(), asyncio.to_thread(toolchains))
         await self.queue.start()
         self.metrics.watch(self.metrics.queue_depth, lambda: self.queue.counts()[0])
         self.metrics.watch(self.metrics.in_flight, lambda: self.queue.counts()[1])
@@ -106,6 +109,7 @@ class EmbeddedRuntime:
             slots=slots,
             light_slots=[slot_state(s, uid_layer) for s in self.pool.light],
             isolation=self.pool.isolation,
+            languages=await asyncio.to_thread(toolchains),
             zygote=self.pool.zygote,
             executions=dict(self.metrics.by_status),
             limits=limits(self.settings),

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 
+from sandbox_service.executor.languages import toolchains
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import StatusReport
 from sandbox_service.queue.base import Queue
@@ -32,7 +33,7 @@ class RedisRuntime:
         self._rejecting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        await self.redis.start()
+        await asyncio.gather(self.redis.start(), asyncio.to_thread(toolchains))  # as embedded
         # Cluster-wide jobs admitted and not answered (waiting + running), and the
         # requests this node is waiting on.
         self.metrics.watch(self.metrics.queue_depth, lambda: self.redis.cluster_depth)
@@ -67,6 +68,7 @@ class RedisRuntime:
             in_flight=cluster.running,
             workers=cluster.workers,
             isolation=cluster.isolation,
+            languages=await asyncio.to_thread(toolchains),
             executions=cluster.executions,
             reclaimed=cluster.reclaimed,
             limits={**limits(self.settings), "chunk_size": self.settings.chunk_size},

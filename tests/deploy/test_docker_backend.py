@@ -31,6 +31,7 @@ from sandbox_service.executor.docker_backend import (
 from sandbox_service.executor.pool import SlotPool, launcher, zygote_config
 from sandbox_service.executor.protocol import (
     IsolationReport,
+    Limits,
     RunSpec,
     RunStatus,
     StartReport,
@@ -39,7 +40,7 @@ from sandbox_service.executor.protocol import (
 from sandbox_service.executor.slot import Slot, launch_local
 from sandbox_service.settings import Settings
 
-RUN = RunSpec(code="print(6 * 7)", timeout_s=10, memory_mb=512)
+RUN = RunSpec(code="print(6 * 7)", limits=Limits(timeout_s=10, memory_mb=512))
 
 
 def _settings(**overrides: Any) -> Settings:

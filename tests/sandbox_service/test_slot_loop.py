@@ -103,7 +103,7 @@ class FakePool:
         self.slots = slots
         self.zygotes = slots
 
-    def zygote_for(self, index: int, code: str) -> FakeSlot:
+    def zygote_for(self, index: int, code: str, language: str = "python") -> FakeSlot:
         return self.slots[index]
 
 

@@ -20,7 +20,7 @@ from tests.helpers import queue_held_full
 # extra key, as it would in a trainer.
 @dataclass
 class JudgeSubmission:
-    type: Literal["python", "cpp"]
+    type: Literal["python", "cpp", "math"]
     solution: str
     input: str | None = None
     expected_output: str | None = None
@@ -120,10 +120,10 @@ def test_worker_timeout_and_output_cut(compat_service: ServiceProcess) -> None:
 def test_bad_input_in_code_judge_style(compat_service: ServiceProcess) -> None:
     url = compat_service.url
     results = _long_batch(url, [
-        JudgeSubmission("cpp", "int main(){}"),
+        JudgeSubmission("math", "1 + 1"),
         JudgeSubmission("python", "print('still runs')"),
     ])  # fmt: skip
-    assert results[0].reason == "invalid_input" and "type 'cpp'" in (results[0].stderr or "")
+    assert results[0].reason == "invalid_input" and "type 'math'" in (results[0].stderr or "")
     assert not results[0].run_success and results[1].stdout == "still runs\n"
     missing = httpx.post(f"{url}/run", json={"type": "python"})
     assert missing.status_code == 422 and missing.json()["detail"][0]["loc"] == ["body", "solution"]

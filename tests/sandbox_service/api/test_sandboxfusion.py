@@ -109,7 +109,7 @@ def test_verl_shaped_request_and_reading(compat_service: ServiceProcess) -> None
 @pytest.mark.parametrize(
     ("body", "words"),
     [
-        ({"code": "print(1)", "language": "cpp"}, "language 'cpp'"),
+        ({"code": "print(1)", "language": "go"}, "language 'go'"),
         ({"code": "print(1)", "language": "python", "run_timeout": 0}, "run_timeout"),
         ({"code": "print(1)", "language": "python", "files": {"a": "@@"}}, "files"),
         ({"code": "1", "language": "python", "files": {"/etc/x": "eA=="}}, "absolute"),

@@ -19,6 +19,7 @@ from sandbox_service.executor import memory, protocol, slot
 from sandbox_service.executor.pool import zygote_config
 from sandbox_service.executor.protocol import (
     IsolationReport,
+    Limits,
     Outcome,
     RunSpec,
     RunStatus,
@@ -152,7 +153,9 @@ def started(fake: FakeZygote) -> Callable[[Callable[[Slot], Any]], Any]:
     return decorate
 
 
-SPEC = RunSpec(code="print(1)", stdin="in", files={"a.txt": "eA=="}, timeout_s=5, memory_mb=64)
+SPEC = RunSpec(
+    code="print(1)", stdin="in", files={"a.txt": "eA=="}, limits=Limits(timeout_s=5, memory_mb=64)
+)
 
 
 def test_start_reads_the_typed_report() -> None:
@@ -239,7 +242,7 @@ def test_a_zygote_that_stops_answering_is_killed(monkeypatch: pytest.MonkeyPatch
     @started(fake)
     async def _(s: Slot) -> None:
         with pytest.raises(SlotCrashed):
-            await s.execute(RunSpec(code="x", timeout_s=0.05, memory_mb=64))
+            await s.execute(RunSpec(code="x", limits=Limits(timeout_s=0.05, memory_mb=64)))
         assert fake.processes[0].signals == [signal.SIGKILL] and not s.alive
 
 
