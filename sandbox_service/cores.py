@@ -58,3 +58,29 @@ class Cores:
                 self.give()
             else:
                 self.stragglers -= 1
+
+
+class MemoryBudget:
+    """Megabytes of ``memory_mb`` the running executions may ask for together (0: no bound):
+    with slots above cores, what bounds a node's memory is the sum of its runs' limits."""
+
+    def __init__(self, total_mb: int) -> None:
+        self.total_mb = total_mb
+        self.reserved_mb = 0
+        self._freed = asyncio.Condition()
+
+    async def reserve(self, mb: int) -> int:
+        """Wait until ``mb`` (at most the whole budget) is free, and take it; what was taken."""
+        if not self.total_mb:
+            return 0
+        mb = min(mb, self.total_mb)
+        async with self._freed:
+            await self._freed.wait_for(lambda: self.reserved_mb + mb <= self.total_mb)
+            self.reserved_mb += mb
+        return mb
+
+    async def release(self, mb: int) -> None:
+        if mb:
+            async with self._freed:
+                self.reserved_mb -= mb
+                self._freed.notify_all()

@@ -7,6 +7,7 @@ own. Each field's description is the text ``sandbox-service --help`` shows for i
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from typing import Annotated
 
@@ -38,8 +39,30 @@ SLOTS_PER_CORE = 4
 
 
 def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask, as a container's cpuset sets it)."""
-    return len(os.sched_getaffinity(0)) or 1
+    """The CPUs this process may use: its affinity mask (a cpuset), or fewer where its cgroup's
+    CPU quota says so (a Kubernetes CPU limit sets a quota, not the mask)."""
+    cpus = len(os.sched_getaffinity(0)) or 1
+    quota = _cpu_quota()
+    return max(1, min(cpus, math.ceil(quota))) if quota else cpus
+
+
+def _cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs' worth of this cgroup's CPU quota (v2 ``cpu.max``, or v1's CFS files), if set."""
+    try:
+        with open(f"{root}/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):
+        try:
+            with (
+                open(f"{root}/cpu/cpu.cfs_quota_us") as f,
+                open(f"{root}/cpu/cpu.cfs_period_us") as g,
+            ):
+                quota, period = f.read().strip(), g.read().strip()
+        except OSError:
+            return None
+    if quota in ("max", "-1") or not period.isdigit() or not quota.isdigit():
+        return None
+    return int(quota) / int(period)
 
 
 class Settings(BaseSettings):
@@ -63,6 +86,22 @@ class Settings(BaseSettings):
         ge=1,
         description="Executions that start at full speed at once: a slot takes a job only with "
         "one of these free (default: the CPUs this process may use).",
+    )
+    starved_extension: float = Field(
+        default=0.0,
+        ge=0,
+        le=3,
+        description="Extend an execution's wall-clock limit by the time it waited, runnable, "
+        "for a CPU that other executions held (the kernel's run-queue delay of its first "
+        "process), by at most this many times timeout_s; 0: the limit is wall clock, as "
+        "requested. Exact for programs starved by stragglers, but hung ones then last longer.",
+    )
+    memory_budget_mb: int = Field(
+        default=0,
+        ge=0,
+        description="The memory_mb of the executions running at once, summed, stays under this "
+        "(a job waits until enough is free); 0: no bound. Set it to what the node can give its "
+        "runs when slots outnumber cores (a pod: its memory limit less the zygotes').",
     )
     straggler_after_s: float = Field(
         default=0.5,

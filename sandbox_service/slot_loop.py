@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 
-from sandbox_service.cores import Cores
+from sandbox_service.cores import Cores, MemoryBudget
 from sandbox_service.executor.compiler import Compiled, Compiler
 from sandbox_service.executor.pool import SlotPool
 from sandbox_service.executor.protocol import Limits, Outcome, RunSpec, RunStatus
@@ -66,6 +66,7 @@ class SlotLoop:
         self.name = name
         self.executions = 0
         self.cores = Cores(settings.cores, settings.straggler_after_s)
+        self.memory = MemoryBudget(settings.memory_budget_mb)
         self.compiler = Compiler(settings.compile_cache_mb * 1024 * 1024)  # shared by the slots
         self._tasks: list[asyncio.Task[None]] = []
         self._supervisors: list[asyncio.Task[None]] = []
@@ -148,9 +149,15 @@ class SlotLoop:
             taken = time.monotonic()
             try:
                 with self.cores.held():
-                    on = self.pool.zygote_for(slot.index, job.request.code, job.request.language)
-                    await on.wait_healthy()  # it may have died while we waited for work
-                    result = await self.run(on, job)
+                    reserved = await self.memory.reserve(job.request.memory_mb)
+                    try:
+                        on = self.pool.zygote_for(
+                            slot.index, job.request.code, job.request.language
+                        )
+                        await on.wait_healthy()  # it may have died while we waited for work
+                        result = await self.run(on, job)
+                    finally:
+                        await self.memory.release(reserved)
             except asyncio.CancelledError:
                 stopped = "the worker stopped before this execution finished"
                 await self.source.done(job, result_for(job, Status.killed, stopped, self.name))

@@ -15,9 +15,6 @@ from dataclasses import dataclass
 
 SETUP_ERROR = b"setup_error:"
 SAMPLE_S = 0.05  # how often the tree's memory is sampled where no cgroup limits it
-# The wall-clock limit is extended by the time the program waited for a CPU that others held
-# (slots outnumber cores: ``sandbox_service.cores``), by at most this fraction of timeout_s.
-MAX_STARVED_EXTENSION = 1.0
 Sampler = Callable[[], bool]
 Waited = Callable[[], float]  # seconds the program waited, runnable, for a CPU
 
@@ -110,12 +107,12 @@ def _take(fd: int, pidfd: int, alarm: int | None, streams: dict[int, Capture],
 
 def watch(pidfd: int, streams: dict[int, Capture], timeout_s: float, start: float,
           alarm: int | None = None, over: Sampler | None = None,
-          waited: Waited | None = None) -> Watch:  # fmt: skip
+          waited: Waited | None = None, max_extension_s: float = 0.0) -> Watch:  # fmt: skip
     """Wait until the child exits, runs out of time, or overflows an output cap, or until
     the tree goes over its memory limit: ``alarm`` (the memory cgroup's OOM eventfd) is
     readable, or ``over`` (called every ``SAMPLE_S`` where there is no cgroup) says so.
-    Out of time means ``timeout_s`` of wall clock plus what ``waited`` says the child spent
-    waiting for a CPU, up to ``MAX_STARVED_EXTENSION`` of ``timeout_s`` more."""
+    Out of time means ``timeout_s`` of wall clock, plus what ``waited`` says the child spent
+    waiting for a CPU that others held, up to ``max_extension_s`` more."""
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
     if alarm is not None:
@@ -129,7 +126,7 @@ def watch(pidfd: int, streams: dict[int, Capture], timeout_s: float, start: floa
         now = time.monotonic()
         remaining = deadline - now
         if remaining <= 0 and waited is not None:
-            seen.extended_s = min(waited(), MAX_STARVED_EXTENSION * timeout_s)
+            seen.extended_s = min(waited(), max_extension_s)
             deadline = start + timeout_s + seen.extended_s
             remaining = deadline - now
         if remaining <= 0:

@@ -54,6 +54,7 @@ def zygote_config(
         max_open_files=settings.max_open_files,
         max_file_mb=settings.max_file_mb,
         max_output_bytes=settings.max_output_bytes,
+        starved_extension=settings.starved_extension,
     )
 
 

@@ -67,6 +67,7 @@ class ZygoteConfig:
     gid: int | None = None
     preload: list[str] = field(default_factory=list)
     warmup: str = ""
+    starved_extension: float = 0.0  # settings.starved_extension
 
 
 class Mode(str, Enum):

@@ -24,7 +24,6 @@ from typing import Protocol
 
 import sandbox_service
 from sandbox_service.executor import memory, protocol
-from sandbox_service.executor.monitor import MAX_STARVED_EXTENSION
 from sandbox_service.executor.protocol import (
     Limits,
     Outcome,
@@ -272,7 +271,8 @@ class Slot:
             try:
                 self._writer.write(protocol.encode(spec.frame()))
                 await self._writer.drain()
-                limit = spec.limits.timeout_s * (1 + MAX_STARVED_EXTENSION) + WATCHDOG_GRACE_S
+                stretch = 1 + self.cfg.starved_extension
+                limit = spec.limits.timeout_s * stretch + WATCHDOG_GRACE_S
                 message = await asyncio.wait_for(protocol.read_message(self._reader), limit)
             except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as exc:
                 await self.kill()

@@ -208,8 +208,9 @@ class Zygote:
             else:
                 sampler = memory.TreeSampler(memory_mb)
                 alarm, over, finish = None, sampler.over, sampler.outcome
-            waited = functools.partial(_runqueue_wait_s, pid)
-            seen = monitor.watch(pidfd, streams, timeout_s, start, alarm, over, waited)
+            extension = self.config.starved_extension * timeout_s
+            waited = functools.partial(_runqueue_wait_s, pid) if extension else None
+            seen = monitor.watch(pidfd, streams, timeout_s, start, alarm, over, waited, extension)
             status, usage = self._clean_up(pid)
             tree = finish()
             monitor.drain(streams)
