@@ -52,8 +52,8 @@ def _default_text(name: str) -> str:
         value = field.default
     elif field.default_factory is not None:
         value = field.default_factory()  # type: ignore[call-arg]
-        if name == "slots":
-            return "number of CPUs"
+        if name in ("slots", "cores"):
+            return {"slots": "4 per CPU", "cores": "number of CPUs"}[name]
     else:
         return "required"
     if isinstance(value, list):

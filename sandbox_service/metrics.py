@@ -85,6 +85,11 @@ class Metrics:
         self.in_flight = Gauge("sandbox_in_flight", "Jobs running now", registry=r)
         self.slots = Gauge("sandbox_slots", "Slots on this node", registry=r)
         self.slots_busy = Gauge("sandbox_slots_busy", "Slots running a job now", registry=r)
+        self.stragglers = Gauge(
+            "sandbox_stragglers",
+            "Executions running past straggler_after_s, their core given back",
+            registry=r,
+        )
         self.slot_restarts = Counter(
             "sandbox_slot_restarts_total", "Zygotes restarted after dying", registry=r
         )

@@ -301,6 +301,10 @@ class WorkerInfo(BaseModel):
     busy: int
     executions: int
     healthy_slots: int = Field(description="Slots that passed their last canary and run.")
+    cores: int = Field(default=0, description="Executions that start at full speed at once.")
+    stragglers: int = Field(
+        default=0, description="Executions past straggler_after_s, their core given back."
+    )
     last_seen_s: float = 0.0
 
 

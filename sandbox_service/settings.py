@@ -7,6 +7,7 @@ own. Each field's description is the text ``sandbox-service --help`` shows for i
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from typing import Annotated
 
@@ -34,6 +35,34 @@ DEFAULT_PRELOAD = [
 ISOLATION_LAYERS = ("net", "ipc", "pid", "mount", "uid", "seccomp", "memory", "rlimits")
 
 CommaList = Annotated[list[str], NoDecode]
+SLOTS_PER_CORE = 4
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may use: its affinity mask (a cpuset), or fewer where its cgroup's
+    CPU quota says so (a Kubernetes CPU limit sets a quota, not the mask)."""
+    cpus = len(os.sched_getaffinity(0)) or 1
+    quota = _cpu_quota()
+    return max(1, min(cpus, math.ceil(quota))) if quota else cpus
+
+
+def _cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs' worth of this cgroup's CPU quota (v2 ``cpu.max``, or v1's CFS files), if set."""
+    try:
+        with open(f"{root}/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):
+        try:
+            with (
+                open(f"{root}/cpu/cpu.cfs_quota_us") as f,
+                open(f"{root}/cpu/cpu.cfs_period_us") as g,
+            ):
+                quota, period = f.read().strip(), g.read().strip()
+        except OSError:
+            return None
+    if quota in ("max", "-1") or not period.isdigit() or not quota.isdigit():
+        return None
+    return int(quota) / int(period)
 
 
 class Settings(BaseSettings):
@@ -46,9 +75,39 @@ class Settings(BaseSettings):
 
     # Executor (mechanism).
     slots: int = Field(
-        default_factory=lambda: os.cpu_count() or 1,
+        default_factory=lambda: SLOTS_PER_CORE * usable_cpus(),
         ge=1,
-        description="Concurrent executions on this node: one zygote process per slot.",
+        description="Executions that may run at once on this node (one zygote process each): "
+        f"{SLOTS_PER_CORE} per core by default, so that programs that sleep or hang past "
+        "straggler_after_s hold a slot, not a core.",
+    )
+    cores: int = Field(
+        default_factory=lambda: usable_cpus(),
+        ge=1,
+        description="Executions that start at full speed at once: a slot takes a job only with "
+        "one of these free (default: the CPUs this process may use).",
+    )
+    starved_extension: float = Field(
+        default=0.0,
+        ge=0,
+        le=3,
+        description="Extend an execution's wall-clock limit by the time it waited, runnable, "
+        "for a CPU that other executions held (the kernel's run-queue delay of its first "
+        "process), by at most this many times timeout_s; 0: the limit is wall clock, as "
+        "requested. Exact for programs starved by stragglers, but hung ones then last longer.",
+    )
+    memory_budget_mb: int = Field(
+        default=0,
+        ge=0,
+        description="The memory_mb of the executions running at once, summed, stays under this "
+        "(a job waits until enough is free); 0: no bound. Set it to what the node can give its "
+        "runs when slots outnumber cores (a pod: its memory limit less the zygotes').",
+    )
+    straggler_after_s: float = Field(
+        default=0.5,
+        ge=0,
+        description="An execution still running this long after its start gives its core back "
+        "to the next job and runs on beside it; 0: it holds its core to the end.",
     )
     preload: CommaList = Field(
         default_factory=lambda: list(DEFAULT_PRELOAD),

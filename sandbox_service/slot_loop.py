@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 
+from sandbox_service.cores import Cores, MemoryBudget
 from sandbox_service.executor.compiler import Compiled, Compiler
 from sandbox_service.executor.pool import SlotPool
 from sandbox_service.executor.protocol import Limits, Outcome, RunSpec, RunStatus
@@ -72,6 +73,8 @@ class SlotLoop:
         self.metrics = metrics
         self.name = name
         self.executions = 0
+        self.cores = Cores(settings.cores, settings.straggler_after_s)
+        self.memory = MemoryBudget(settings.memory_budget_mb)
         self.compiler = Compiler(settings.compile_cache_mb * 1024 * 1024)  # shared by the slots
         self._tasks: list[asyncio.Task[None]] = []
         self._supervisors: list[asyncio.Task[None]] = []
@@ -79,6 +82,7 @@ class SlotLoop:
     def start(self) -> None:
         self.metrics.slots.set(len(self.pool.slots))
         self.metrics.watch(self.metrics.slots_busy, lambda: self.busy)
+        self.metrics.watch(self.metrics.stragglers, lambda: self.cores.stragglers)
         self._tasks = [
             asyncio.create_task(self._consume(slot), name=f"slot-{slot.index}")
             for slot in self.pool.slots
@@ -130,19 +134,38 @@ class SlotLoop:
             else:
                 log.warning("slot %d: zygote restarted (pid %s)", slot.index, slot.pid)
 
+    async def _take(self) -> Job | None:
+        """The next job, once a core is free for it (``cores``); None once the source is shut."""
+        await self.cores.take()
+        try:
+            job = await self.source.get()
+        except BaseException:
+            self.cores.give()
+            raise
+        if job is None:
+            self.cores.give()
+        return job
+
     async def _consume(self, slot: Slot) -> None:
         """Slot ``slot``'s loop: one job at a time, on its full zygote or on its light one
-        (``SlotPool.zygote_for``)."""
+        (``SlotPool.zygote_for``), holding a core until it ends or straggles (``cores``)."""
         while True:
             await slot.wait_healthy()  # a slot that cannot execute takes no work
-            job = await self.source.get()
+            job = await self._take()
             if job is None:
                 return
             taken = time.monotonic()
             try:
-                on = self.pool.zygote_for(slot.index, job.request.code, job.request.language)
-                await on.wait_healthy()  # it may have died while we waited for work
-                result = await self.run(on, job)
+                with self.cores.held():
+                    reserved = await self.memory.reserve(job.request.memory_mb)
+                    try:
+                        on = self.pool.zygote_for(
+                            slot.index, job.request.code, job.request.language
+                        )
+                        await on.wait_healthy()  # it may have died while we waited for work
+                        result = await self.run(on, job)
+                    finally:
+                        await self.memory.release(reserved)
             except asyncio.CancelledError:
                 stopped = "the worker stopped before this execution finished"
                 await self.source.done(job, result_for(job, Status.killed, stopped, self.name))

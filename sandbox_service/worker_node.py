@@ -46,6 +46,8 @@ class WorkerNode:
             "busy": self.slot_loop.busy,
             "executions": self.slot_loop.executions,
             "healthy_slots": self.pool.healthy(),
+            "cores": self.slot_loop.cores.count,
+            "stragglers": self.slot_loop.cores.stragglers,
             "isolation": self.pool.isolation,
         }
 

@@ -77,7 +77,10 @@ def _by_process(seen: Observed, outputs: list[Capture]) -> Verdict:
     if seen.setup_note.startswith(SETUP_ERROR):
         return RunStatus.internal_error, code, sig, seen.setup_note.decode(errors="replace").strip()
     if seen.watch.reason == "timeout":
-        return RunStatus.timeout, code, sig, f"wall-clock limit of {seen.timeout_s:g} s exceeded"
+        why = f"wall-clock limit of {seen.timeout_s:g} s exceeded"
+        if seen.watch.extended_s >= 0.001:
+            why += f" (extended by {seen.watch.extended_s:.3f} s spent waiting for a CPU)"
+        return RunStatus.timeout, code, sig, why
     if seen.watch.reason == "output" or any(c.truncated for c in outputs):
         cap = outputs[0].cap
         return RunStatus.output_limit, code, sig, f"output exceeded {cap} bytes per stream"

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 SETUP_ERROR = b"setup_error:"
 SAMPLE_S = 0.05  # how often the tree's memory is sampled where no cgroup limits it
 Sampler = Callable[[], bool]
+Waited = Callable[[], float]  # seconds the program waited, runnable, for a CPU
 
 
 @dataclass
@@ -85,6 +86,7 @@ class Watch:
     exited: bool = False
     reason: str | None = None  # "timeout" or "output" when we killed it
     end: float = 0.0
+    extended_s: float = 0.0  # added to the wall-clock limit for time spent waiting for a CPU
 
 
 def _read_into(fd: int, capture: Capture) -> bool:
@@ -177,10 +179,13 @@ def _take(fd: int, child: ChildExit, alarm: int | None, streams: dict[int, Captu
 
 
 def watch(child: ChildExit, streams: dict[int, Capture], timeout_s: float, start: float,
-          alarm: int | None = None, over: Sampler | None = None) -> Watch:  # fmt: skip
+          alarm: int | None = None, over: Sampler | None = None,
+          waited: Waited | None = None, max_extension_s: float = 0.0) -> Watch:  # fmt: skip
     """Wait until the child exits, runs out of time, or overflows an output cap, or until
     the tree goes over its memory limit: ``alarm`` (the memory cgroup's OOM eventfd) is
-    readable, or ``over`` (called every ``SAMPLE_S`` where there is no cgroup) says so."""
+    readable, or ``over`` (called every ``SAMPLE_S`` where there is no cgroup) says so.
+    Out of time means ``timeout_s`` of wall clock, plus what ``waited`` says the child spent
+    waiting for a CPU that others held, up to ``max_extension_s`` more."""
     poller = select.poll()
     poller.register(child.fd, select.POLLIN)
     if alarm is not None:
@@ -193,6 +198,10 @@ def watch(child: ChildExit, streams: dict[int, Capture], timeout_s: float, start
     while not seen.exited:
         now = time.monotonic()
         remaining = deadline - now
+        if remaining <= 0 and waited is not None:
+            seen.extended_s = min(waited(), max_extension_s)
+            deadline = start + timeout_s + seen.extended_s
+            remaining = deadline - now
         if remaining <= 0:
             seen.reason = "timeout"
             break

@@ -56,6 +56,7 @@ def zygote_config(
         max_file_mb=settings.max_file_mb,
         max_output_bytes=settings.max_output_bytes,
         secret_files=secret_files(settings),
+        starved_extension=settings.starved_extension,
     )
 
 

@@ -69,6 +69,7 @@ class ZygoteConfig:
     warmup: str = ""
     python_path: list[str] = field(default_factory=list)  # more import directories
     secret_files: list[str] = field(default_factory=list)  # the service's credentials: hidden
+    starved_extension: float = 0.0  # settings.starved_extension
 
 
 class Mode(str, Enum):

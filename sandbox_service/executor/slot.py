@@ -314,7 +314,8 @@ class Slot:
             try:
                 self._writer.write(protocol.encode(spec.frame()))
                 await self._writer.drain()
-                limit = spec.limits.timeout_s + WATCHDOG_GRACE_S
+                stretch = 1 + self.cfg.starved_extension
+                limit = spec.limits.timeout_s * stretch + WATCHDOG_GRACE_S
                 message = await asyncio.wait_for(protocol.read_message(self._reader), limit)
             except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as exc:
                 await self.kill()

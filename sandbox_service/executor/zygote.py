@@ -13,6 +13,7 @@ and the verdict (``judge``); the child confines itself and runs the code (``chil
 from __future__ import annotations
 
 import fnmatch
+import functools
 import gc
 import json
 import os
@@ -55,6 +56,15 @@ def _tree_cpu_s() -> float:
     """CPU seconds of every child this process has reaped so far (kernel accounting)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def _runqueue_wait_s(pid: int) -> float:
+    """Seconds process ``pid`` has spent runnable but waiting for a CPU (its schedstat's
+    run_delay: zeroed at fork); 0 where the kernel does not say."""
+    try:
+        return int(iso.read_small(f"/proc/{pid}/schedstat").split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 class Zygote:
@@ -188,7 +198,9 @@ class Zygote:
             else:
                 sampler = memory.TreeSampler(memory_mb)
                 alarm, over, finish = None, sampler.over, sampler.outcome
-            seen = monitor.watch(ended, streams, timeout_s, start, alarm, over)
+            extension = self.config.starved_extension * timeout_s
+            waited = functools.partial(_runqueue_wait_s, pid) if extension else None
+            seen = monitor.watch(ended, streams, timeout_s, start, alarm, over, waited, extension)
             status, usage = self._clean_up(pid)
             tree = finish()
             monitor.drain(streams)

@@ -104,6 +104,8 @@ class EmbeddedRuntime:
                     busy=self.slot_loop.busy,
                     executions=self.slot_loop.executions,
                     healthy_slots=self.pool.healthy(),
+                    cores=self.slot_loop.cores.count,
+                    stragglers=self.slot_loop.cores.stragglers,
                 )
             ],
             slots=slots,

@@ -590,6 +590,8 @@ class RedisQueue(Queue):
                     busy=info["busy"],
                     executions=info["executions"],
                     healthy_slots=info.get("healthy_slots", info["slots"]),
+                    cores=info.get("cores", 0),
+                    stragglers=info.get("stragglers", 0),
                     last_seen_s=round(now - info["at"], 3),
                 )
             )
