@@ -89,6 +89,14 @@ def _publish_limits(components: dict[str, Any], settings: Settings) -> None:
     components["BatchRequest"]["properties"]["requests"]["maxItems"] = settings.max_batch
     if "BatchSubmission" in components:  # code-judge's batches: refused whole above max_batch
         components["BatchSubmission"]["properties"]["submissions"]["maxItems"] = settings.max_batch
+    if "GradeRequest" in components:
+        grade = components["GradeRequest"]["properties"]
+        grade["timeout_s"]["maximum"] = settings.max_timeout_s
+        grade["memory_mb"]["maximum"] = settings.max_memory_mb
+        grade["code"]["maxLength"] = settings.max_code_chars
+        components["GradeCase"]["properties"]["stdin"]["anyOf"][0]["maxLength"] = (
+            settings.max_stdin_chars
+        )
     if "VerifyRequest" in components:
         limit = min(settings.max_timeout_s, verify.MAX_ITEM_TIMEOUT_S)
         components["VerifyRequest"]["properties"]["timeout_s"]["maximum"] = limit

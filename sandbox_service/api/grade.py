@@ -25,7 +25,7 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from sandbox_service.api.auth import tenant_of
 from sandbox_service.api.native import ERRORS, body_of, json_response, parse
@@ -58,6 +58,17 @@ sys.stdout.write(spec["nonce"] + json.dumps({"result": result}) + spec["nonce"])
 
 
 class GradeCase(BaseModel):
+    # Exactly one kind of case, as the route checks it (so that the schema says so too).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["expected_stdout"],
+                 "properties": {"expected_stdout": {"type": "string"}, "args": {"type": "null"}}},
+                {"required": ["args"],
+                 "properties": {"args": {"type": "array"}, "expected_stdout": {"type": "null"}}},
+            ]
+        }
+    )  # fmt: skip
     stdin: str | None = Field(default=None, description="A stdin/stdout case: the input.")
     expected_stdout: str | None = Field(
         default=None, description="A stdin/stdout case: the output (compared stripped)."
@@ -69,6 +80,15 @@ class GradeCase(BaseModel):
 
 
 class GradeRequest(BaseModel):
+    # Call cases need the function they call.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"required": ["cases"], "properties": {"cases": {"contains": {
+                "required": ["args"], "properties": {"args": {"type": "array"}}}}}},
+            "then": {"required": ["function"],
+                     "properties": {"function": {"type": "string", "minLength": 1}}},
+        }
+    )  # fmt: skip
     code: str = Field(description="The program under test.")
     function: str | None = Field(
         default=None, description="The function that call cases call (defined by the code)."
@@ -96,6 +116,19 @@ def _rejected(field: str, msg: str) -> RequestRejected:
 
 
 def _check(body: GradeRequest, settings: Settings) -> None:
+    sizes: list[tuple[list[str | int], int, int]] = [
+        (["body", "code"], len(body.code), settings.max_code_chars)
+    ]
+    sizes += [(["body", "cases", i, "stdin"], len(c.stdin or ""), settings.max_stdin_chars)
+              for i, c in enumerate(body.cases)]  # fmt: skip
+    too_large = [
+        ErrorDetail(loc=loc, msg=f"{loc[-1]} is {size} characters; this server accepts at most "
+                    f"{limit}", type="too_large", ctx={"limit": limit, "size": size})
+        for loc, size, limit in sizes
+        if size > limit
+    ]  # fmt: skip
+    if too_large:
+        raise RequestRejected(413, too_large)
     if body.timeout_s > settings.max_timeout_s:
         limit = settings.max_timeout_s
         raise _rejected("timeout_s", f"timeout_s must be at most {limit:g} on this server")

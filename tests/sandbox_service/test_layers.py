@@ -15,10 +15,10 @@ PACKAGE = Path(__file__).resolve().parents[2] / "sandbox_service"
 
 # Each layer, from the top, as module-name prefixes; a module may import its own layer and the
 # ones below it. ``settings`` and ``models`` are the shared vocabulary every layer may use.
-TRANSPORT = ("cli", "http_server", "api", "client", "service_process")
+TRANSPORT = ("cli", "http_server", "api", "client", "service_process", "sentinel_process")
 POLICY = (
     "runtime", "worker_node", "slot_loop", "queue", "session_replay", "tenants", "metrics",
-    "probe_server", "math_answer", "cell_program", "cell_driver",
+    "probe_server", "math_answer", "cell_program", "cell_driver", "cores", "descriptors",
 )  # fmt: skip
 MECHANISM = ("executor",)
 SHARED = ("settings", "models")
