@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from sandbox_service.executor import isolation as iso
 
 MIB = 1 << 20
+PAGE = os.sysconf("SC_PAGE_SIZE")
 UNLIMITED_V1 = b"-1"
 OOM_PROTECTED = b"-1000"
 OOM_FIRST = b"1000"
@@ -200,12 +201,20 @@ class TreeSampler:
     """Where there is no cgroup: the parent sums the private memory (USS: pages no other
     process maps) of every process of the tree, every ``monitor.SAMPLE_S``, and ends the run
     when it is over the limit. Approximate: growth between two samples goes unseen until the
-    next, and pages shared only among the execution's own processes are not counted."""
+    next, and pages shared only among the execution's own processes are not counted. So the
+    kernel's high-water mark of the largest process (``wait4``'s ``ru_maxrss``) counts too,
+    above what the zygote had resident at the fork (a lower bound of what that process added:
+    a child starts with at most the zygote's pages): an allocation loop faster than the
+    sampling (gVisor's ``/proc`` is slow, and a loaded container's parent too) otherwise
+    meets the address-space backstop first, and a ``MemoryError`` the parent cannot tell
+    from the program's own (CI's image step, 2026-12-05: ``error`` where ``memory_limit``)."""
 
-    def __init__(self, memory_mb: int) -> None:
+    def __init__(self, memory_mb: int, resident_at_fork: int) -> None:
         self.limit = memory_mb * MIB
+        self.resident_at_fork = resident_at_fork
         self.peak = 0
         self.over_limit = False
+        self.how = "seen by sampling; all killed"
 
     def over(self) -> bool:
         total = sum(_private_bytes(pid) for pid in _descendants(os.getpid()))
@@ -213,12 +222,24 @@ class TreeSampler:
         self.over_limit = total > self.limit
         return self.over_limit
 
+    def reaped(self, largest_maxrss: int) -> None:
+        """After every process is reaped: the largest one's high-water mark, in bytes."""
+        added = largest_maxrss - self.resident_at_fork
+        if added > self.limit and not self.over_limit:
+            self.over_limit = True
+            self.how = "one of them reached it, by the kernel's high-water mark"
+        self.peak = max(self.peak, added)
+
     def outcome(self) -> MemoryOutcome | None:
-        """None when no sample was taken (the run was shorter than one interval)."""
-        if not self.peak:
+        """None when nothing was measured (no sample, and no process grew)."""
+        if self.peak <= 0:
             return None
-        how = "seen by sampling; all killed"
-        return MemoryOutcome(round(self.peak / MIB, 3), self.over_limit, how)
+        return MemoryOutcome(round(self.peak / MIB, 3), self.over_limit, self.how)
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (``/proc/self/statm``, ~10 us)."""
+    return int(iso.read_small("/proc/self/statm").split()[1]) * PAGE
 
 
 def _descendants(pid: int) -> list[int]:

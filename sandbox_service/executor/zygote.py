@@ -177,8 +177,11 @@ class Zygote:
         workdir = self.workdirs.make()
         stdin = spec.stdin if isinstance(spec.stdin, memoryview) else b""  # "": none sent
         pipes = monitor.Pipes.open(stdin)
+        sampler = None
         if self.confinement.cgroup is not None:
             self.confinement.cgroup.begin(memory_mb)
+        else:
+            sampler = memory.TreeSampler(memory_mb, memory.resident_bytes())
         cpu_before = _tree_cpu_s()
         start = time.monotonic()
         pid = self._fork(spec, pipes, workdir)
@@ -196,12 +199,14 @@ class Zygote:
             if cgroup is not None:
                 alarm, finish = cgroup.oom_alarm, cgroup.end
             else:
-                sampler = memory.TreeSampler(memory_mb)
+                assert sampler is not None
                 alarm, over, finish = None, sampler.over, sampler.outcome
             extension = self.config.starved_extension * timeout_s
             waited = functools.partial(_runqueue_wait_s, pid) if extension else None
             seen = monitor.watch(ended, streams, timeout_s, start, alarm, over, waited, extension)
             status, usage = self._clean_up(pid)
+            if sampler is not None:
+                sampler.reaped(usage.ru_maxrss * 1024)
             tree = finish()
             monitor.drain(streams)
             os.set_blocking(pipes.st_r, False)

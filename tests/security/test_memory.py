@@ -121,6 +121,17 @@ def test_processes_together_are_held_to_the_limit(attack: str, kind: str,
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_over_between_two_samples(kind: str, client: SandboxClient) -> None:
+    """Past the limit and out again (an exit of its own) faster than the sampler looks: the
+    kernel's high-water mark of the process says it went over, as the cgroup's kill does."""
+    burst = "import sys\nx = [b'x' * (100 << 20) for _ in range(2)]\nsys.exit(1)"
+    result = client.execute(KINDS[kind] + burst, memory_mb=128)
+    assert result.status is Status.memory_limit, (result.status, result.message)
+    assert result.peak_memory_mb > 120, result.peak_memory_mb  # the cgroup's stops at 128
+    every_zygote_is_clean(client)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_peak_is_the_trees(kind: str, client: SandboxClient) -> None:
     """Four children of 40 MiB at once under 512: ok, and the peak counts all four (one
     process's maximum, which the service used to report, is ~40)."""
