@@ -10,13 +10,15 @@ could claim them would forge its own reward. So each such status needs a fact th
   child closes the pipe first thing after setup, see ``child.close_setup_channel``);
 - ``timeout``: the zygote's own clock, or SIGXCPU with the tree's CPU time (the kernel's
   accounting of every process reaped) at the CPU limit;
-- ``memory_limit``: the limit was enforced: the memory cgroup counted an OOM kill during the
-  run, or (without one) the parent's sampling found the tree over the limit and killed it,
-  or the kernel's high-water mark of one reaped process is above it (``memory.TreeSampler``). Nothing else: a run that failed while large is ``error`` (a program can
-  fill memory and then fail on purpose), and so is a ``MemoryError``, which the parent cannot
-  tell from one the program raised itself; the address-space limit is only a backstop far
-  above ``memory_mb`` (``memory.address_space``), so that what reaches the limit meets the
-  cgroup or the sampler first;
+- ``memory_limit``: the limit was enforced or passed: the memory cgroup counted an OOM kill
+  during the run, or (without one) the parent's sampling found the tree over the limit and
+  killed it, or the kernel's high-water mark of one reaped process is above the limit
+  (``memory.TreeSampler``; what the cgroup would have killed). Nothing else: a run that
+  failed while large but within the limit is ``error`` (a program can fill memory and then
+  fail on purpose), and so is a ``MemoryError``, which the parent cannot tell from one the
+  program raised itself; the address-space limit is only a backstop far above ``memory_mb``
+  (``memory.address_space``), so that what reaches the limit meets the cgroup or the sampler
+  first;
 - ``output_limit``: the zygote's own count of captured bytes.
 
 Anything else the program did to itself (a signal, an exit code) is ``error`` or ``ok``.
