@@ -18,6 +18,7 @@ from typing import Any
 from sandbox_service.client import Retry, SandboxClient
 from sandbox_service.models import ExecuteResult, Status
 from sandbox_service.service_process import start
+from tests.security.every_slot import suite_slots
 
 # What a clean zygote shows a new execution: empty scratch directories (but the
 # interpreter's own entries, where it lives under /tmp), no IPC object, the standard
@@ -98,9 +99,9 @@ def _stdlib(client: SandboxClient) -> str:
 
 @contextlib.contextmanager
 def attacked_service(log_dir: str, **settings: Any) -> Iterator[tuple[SandboxClient, str]]:
-    """A service of two slots (full and light zygotes each) for one module of attacks: a
+    """A service of ``suite_slots`` slots (full and light zygotes each) for one module of attacks: a
     client of it that retries nothing the service answers, and its URL."""
-    svc = start(f"{log_dir}/service.log", slots=2, max_timeout_s=60, **settings)
+    svc = start(f"{log_dir}/service.log", slots=suite_slots(), max_timeout_s=60, **settings)
     try:
         with SandboxClient(svc.url, retry=Retry(attempts=2), concurrency=4) as client:
             yield client, svc.url

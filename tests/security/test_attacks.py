@@ -18,11 +18,16 @@ from sandbox_service.client import Retry, SandboxClient
 from sandbox_service.service_process import ServiceProcess, start
 from tests.helpers import processes_of
 from tests.security.attacks import ALL, Attack, Target
+from tests.security.every_slot import suite_slots
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    svc = start(str(tmp_path_factory.mktemp("attacks") / "service.log"), slots=2, max_timeout_s=30)
+    svc = start(
+        str(tmp_path_factory.mktemp("attacks") / "service.log"),
+        slots=suite_slots(),
+        max_timeout_s=30,
+    )
     yield svc
     svc.stop()
 
