@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from redis.exceptions import ResponseError
 
 from sandbox_service.metrics import Metrics
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Status
@@ -22,6 +23,7 @@ from sandbox_service.queue.base import QueueUnavailable
 from sandbox_service.queue.redis.connection import stop_tasks
 from sandbox_service.queue.redis.keys import Keys
 from sandbox_service.queue.redis.producer import RedisQueue
+from sandbox_service.queue.redis.scripts import ADMIT
 from sandbox_service.service_process import free_port
 from sandbox_service.settings import Settings
 from tests.sandbox_service.queue.stand_ins import (
@@ -54,6 +56,52 @@ def test_results_in_order_in_chunks_with_few_round_trips(
         assert [w.name for w in status.workers] == ["w1"]
         assert status.executions == {"ok": 50} and status.depth == 0
         await source.close()
+        await queue.close()
+
+    run(main)
+
+
+def test_concurrent_single_requests_share_admission_round_trips(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    settings = redis_settings(redis_server, prefix)
+
+    async def main() -> None:
+        queue = await api_queue(settings)
+        await stop_tasks(queue._tasks)  # no reads or sweeps: admissions alone are counted
+        await queue.link.load_scripts()
+        trips = queue.link.round_trips
+        pending = [asyncio.create_task(queue.submit([ExecuteRequest(code=str(i))]))
+                   for i in range(40)]  # fmt: skip
+        while queue.in_flight < 40:
+            await asyncio.sleep(0.01)
+        # sent in one turn of the loop, all 40 share one round trip
+        assert queue.link.round_trips - trips == 1, queue.link.round_trips - trips
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        await queue.close()
+
+    run(main)
+
+
+def test_a_script_error_is_its_callers_alone(redis_server: RedisServer, prefix: str) -> None:
+    settings = redis_settings(redis_server, prefix)
+
+    async def main() -> None:
+        queue = await api_queue(settings)
+        await stop_tasks(queue._tasks)  # no reads or sweeps: the calls alone are counted
+        await queue.link.load_scripts()
+        trips = queue.link.round_trips
+        good = asyncio.create_task(queue.submit([ExecuteRequest(code="1")]))
+        bad = asyncio.create_task(queue.link.script(ADMIT, [], []))  # no keys: refused
+        with pytest.raises(ResponseError):
+            await bad
+        assert queue.link.round_trips - trips == 1  # one round trip carried both
+        while queue.in_flight < 1:  # the other call in that round trip was admitted
+            await asyncio.sleep(0.01)
+        assert not good.done()
+        good.cancel()
         await queue.close()
 
     run(main)
@@ -220,8 +268,10 @@ def test_sweep_survives_a_restart_noticed_by_a_submit_meanwhile(
         await asyncio.sleep(0.4)  # past its start-by time: due, but delivered
         real = queue.link.pipeline
 
-        async def restart_noticed_meanwhile(fill: Callable[..., object]) -> list[Any]:
-            results = await real(fill)
+        async def restart_noticed_meanwhile(
+            fill: Callable[..., object], each: bool = False
+        ) -> list[Any]:
+            results = await real(fill, each)
             queue._lost_everything()  # what a submit that saw a new epoch does
             return results
 
