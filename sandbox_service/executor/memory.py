@@ -182,6 +182,11 @@ class SlotCgroup:
         except OSError:  # v1, what could not be reclaimed: it stays inside the limit
             self._set_limit(str(max(limit, int(self._read(self._usage)))).encode())
         self._baseline = int(self._read(self._usage))
+        if self._baseline + memory_mb * MIB < limit:  # usage fell since (a zygote that shrank,
+            # cache reclaimed meanwhile): the run's share counts from here, or its peak above
+            # the baseline could pass memory_mb (a loaded machine, 2026-12-05: 134.7 MB at 128)
+            with contextlib.suppress(OSError):
+                self._set_limit(str(self._baseline + memory_mb * MIB).encode())
         try:
             os.pwrite(self._peak, b"0" if self.version == 1 else b"reset", 0)
         except OSError:  # v2 before Linux 6.12: the peak is the cgroup's since it was made
