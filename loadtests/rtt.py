@@ -103,6 +103,7 @@ def _serve(link: Link, listener: socket.socket, delay_s: float, count: list[int]
 def _proxies(links: list[Link], delay_s: float, control: multiprocessing.connection.Connection,
              ) -> None:  # fmt: skip
     """The proxy process: answers its ports, then each link's counted chunks when asked."""
+    sys.setswitchinterval(1e-4)  # a writer due now must not wait 5 ms for a busy reader
     counts = [[0] for _ in links]
     ports = []
     for link, count in zip(links, counts, strict=True):
