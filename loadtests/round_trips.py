@@ -18,6 +18,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from sandbox_service.metrics import Metrics
@@ -31,7 +32,7 @@ from sandbox_service.settings import Settings
 def counted(source: RedisJobSource, tally: Counter[str]) -> None:
     """Count each worker call by kind: a take, a take that found nothing, a bell read."""
     link = source.link
-    script, call = link.script, link.call
+    script, call, pipeline = link.script, link.call, link.pipeline
 
     async def counting_script(s: Any, keys: list[str], args: list[Any]) -> Any:
         reply = await script(s, keys, args)
@@ -44,8 +45,18 @@ def counted(source: RedisJobSource, tally: Counter[str]) -> None:
         tally[command] += 1
         return await call(command, *a, **k)
 
+    async def counting_pipeline(fill: Callable[..., object], each: bool = False) -> list[Any]:
+        results = await pipeline(fill, each)
+        name = getattr(getattr(fill, "func", fill), "__name__", "pipeline")
+        tally[name] += 1
+        if name == "wait_then_take":
+            tally["bell reads that return"] += results[0] is not None
+            tally["take found nothing"] += results[-1][0] == b"empty"
+        return results
+
     link.script = counting_script  # type: ignore[method-assign,assignment]
     link.call = counting_call  # type: ignore[method-assign]
+    link.pipeline = counting_pipeline  # type: ignore[method-assign]
 
 
 async def echo_forever(source: RedisJobSource) -> None:

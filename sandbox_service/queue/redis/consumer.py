@@ -78,6 +78,9 @@ def _fields(flat: list[bytes]) -> Fields:
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
+WOKE_TTL_S = 60
+
+
 class RedisJobSource:
     """A worker's ``JobSource``: takes chunks from the stream, hands their jobs to the slots,
     settles each chunk once all its jobs are answered, reports a heartbeat and takes over
@@ -108,7 +111,7 @@ class RedisJobSource:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._tenants: list[str] = []  # tenants take may choose from (it asks for more)
         self._settled: deque[tuple[float, Settlement]] = deque()  # sent again if Redis lost them
-        self._woken = False  # the last bell read took a token: the next take owes none
+        self._idle = False  # the last take found nothing: the next waits on the bell first
         self.link.on_loss = self._lost_writes
 
     async def start(self, describe: Callable[[], dict[str, Any]]) -> None:
@@ -195,24 +198,33 @@ class RedisJobSource:
                 return
 
     async def _take(self) -> bool | None:
-        """One call of the take script: True if a chunk came (now held), None to call again at
-        once (it named tenants we did not know), False once the bell rang or timed out."""
+        """One call of the take script, after waiting on the bell when the last found nothing
+        (in one round trip: a lone request's wake-up carries its chunk): True if a chunk came
+        (now held), None to call again at once (it named tenants we did not know), False if
+        there was nothing to take."""
         k = self.keys
-        names = [k.jobs, k.fair, k.active, k.bell, *(k.ready(t) for t in self._tenants)]
-        args = [GROUP, self.name, len(self._tenants), *self._tenants, repr(INITIAL_MEAN_S),
-                int(self._woken)]  # fmt: skip
-        reply = await self.link.script(TAKE, names, args)
+        names = [k.jobs, k.fair, k.active, k.bell, k.woke(self.name),
+                 *(k.ready(t) for t in self._tenants)]  # fmt: skip
+        args = [GROUP, self.name, len(self._tenants), *self._tenants, repr(INITIAL_MEAN_S)]
+        if self._idle and not self.burst:
+
+            def wait_then_take(pipe: Pipeline) -> None:
+                pipe.blmove(k.bell, k.woke(self.name), BLOCK_MS // 1000, "LEFT", "RIGHT")
+                pipe.expire(k.woke(self.name), WOKE_TTL_S)  # left if we vanish just now
+                self.link.add_script(pipe, TAKE, names, args)
+
+            *_, reply = await self.link.pipeline(wait_then_take)
+        else:
+            reply = await self.link.script(TAKE, names, args)
         kind = reply[0]
         if kind == b"tenants":
             self._tenants = sorted({*self._tenants, *(t.decode() for t in reply[1:])})
+            self._idle = False  # at once: a token that woke us waits for that take
             return None
-        self._woken = False
+        self._idle = kind != b"chunk"
         if kind == b"chunk":
             self._hold(reply[1], _fields(reply[2]), float(reply[3]))
             return True
-        if self.burst:
-            return False
-        self._woken = bool(await self.link.call("blpop", [k.bell], timeout=BLOCK_MS / 1000))
         return False
 
     def _holding_a_retry(self) -> bool:

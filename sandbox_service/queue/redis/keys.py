@@ -20,8 +20,10 @@ key                            type        what
                                            (waiting+running), ``running:`` (held by workers);
                                            ``clock``: the virtual time of the last choice
 ``{p}:wake``                   list        the bell: a token per chunk no worker took yet;
-                                           an idle worker blocks on it (BLPOP), so
+                                           an idle worker blocks on it (BLMOVE), so
                                            one chunk wakes one worker
+``{p}:woke:<name>``            list        the token that woke a worker, until its take
+                                           (run right after, in the same round trip) drops it
 ``{p}:depth``                  string      jobs admitted and not yet settled (waiting+running)
 ``{p}:epoch``                  string      random token set once; a new one means Redis lost
                                            its data (restarted empty): in-flight work is gone
@@ -64,6 +66,9 @@ class Keys:
     @property
     def bell(self) -> str:
         return f"{self.prefix}:wake"  # a list; ``:bell`` was a stream (older versions)
+
+    def woke(self, worker: str) -> str:
+        return f"{self.prefix}:woke:{worker}"
 
     def ready(self, tenant: str) -> str:
         return f"{self.prefix}:ready:{tenant}"

@@ -122,16 +122,19 @@ return out
 )
 
 # The weighted fair choice of queue.fair, in Redis, so that every worker shares one clock.
-# KEYS: jobs, fair, active, bell, then the ready list of each tenant the worker knows of.
+# KEYS: jobs, fair, active, bell, the worker's woke list, then the ready list of each tenant
+#       the worker knows of.
 # ARGV: group, consumer, known, then the known tenants' names (in the order of their lists),
 #       then the mean run time to charge a tenant not yet measured.
 # Returns {'chunk', entry id, fields, estimate}: the chunk, now in this consumer's pending list
 # (XCLAIM FORCE: no reader uses XREADGROUP, so the group's own order is never used);
 # {'tenants', name, ...}: a tenant with work the worker did not name (it calls again with all of
-# them); or {'empty'}: nothing it may take, block on the bell (BLPOP). ARGV after the mean:
-# 1 if the worker was woken by a token of the bell (it took it), 0 if it took none: a chunk
-# taken then removes a token, so that the bell holds about one per chunk no worker took and
-# wakes one worker per chunk, not every idle one.
+# them); or {'empty'}: nothing it may take, wait on the bell. The worker waits with
+# ``BLMOVE bell woke`` followed, in the same round trip, by this script (Redis runs a client's
+# commands in order, so it runs the moment the wait ends): a token in the woke list means the
+# worker was woken by one (it is dropped here); without one, a chunk taken removes a token of
+# the bell, so that the bell holds about one per chunk no worker took and wakes one worker per
+# chunk, not every idle one.
 TAKE = Script(
     "take",
     """
@@ -139,13 +142,14 @@ local jobs, fair, active, bell = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, consumer, known = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local initial = tonumber(ARGV[4 + known])
 local index = {}
-for i = 1, known do index[ARGV[3 + i]] = 4 + i end
+for i = 1, known do index[ARGV[3 + i]] = 5 + i end
 local order = redis.call('ZRANGE', active, 0, -1, 'WITHSCORES')
 for o = 1, #order, 2 do
   if index[order[o]] == nil then
     return {'tenants', unpack(redis.call('ZRANGE', active, 0, -1))}
   end
 end
+local woken = redis.call('LPOP', KEYS[5])
 for o = 1, #order, 2 do
   local t, vtime = order[o], tonumber(order[o + 1])
   local ready = KEYS[index[t]]
@@ -174,7 +178,7 @@ for o = 1, #order, 2 do
       else
         redis.call('ZREM', active, t)
       end
-      if ARGV[5 + known] ~= '1' then redis.call('LPOP', bell) end
+      if not woken then redis.call('LPOP', bell) end
       return {'chunk', got[1][1], got[1][2], tostring(estimate)}
     end
   end

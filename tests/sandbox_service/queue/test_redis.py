@@ -107,6 +107,36 @@ def test_a_script_error_is_its_callers_alone(redis_server: RedisServer, prefix: 
     run(main)
 
 
+def test_an_idle_workers_wake_up_carries_its_chunk(redis_server: RedisServer,
+                                                   prefix: str) -> None:  # fmt: skip
+    settings = redis_settings(redis_server, prefix, slots=1)
+
+    async def main() -> None:
+        queue, source = await api_queue(settings), await started_source(settings)
+        warm = asyncio.create_task(queue.submit([ExecuteRequest(code="0")]))
+        await echo(source, 1)  # the worker learns of the tenant (a take of its own)
+        await warm
+        await asyncio.sleep(0.3)  # it found nothing more and waits on the bell
+        takes, script = [], source.link.script
+
+        async def counted(*args: Any) -> Any:
+            takes.append(args[0].name)
+            return await script(*args)
+
+        source.link.script = counted  # type: ignore[method-assign,assignment]
+        pending = asyncio.create_task(queue.submit([ExecuteRequest(code="1")]))
+        job = await source.get()
+        assert job is not None and job.request.code == "1"
+        assert takes == []  # the take ran in Redis right after the wake-up, in its round trip
+        await source.done(job, ExecuteResult(status=Status.ok, stdout="1"))
+        assert [r.stdout for r in await pending] == ["1"]
+        assert await source.link.call("llen", queue.keys.bell) == 0  # the token was spent
+        await source.close()
+        await queue.close()
+
+    run(main)
+
+
 def test_same_id_runs_once_across_api_nodes(redis_server: RedisServer, prefix: str) -> None:
     settings = redis_settings(redis_server, prefix)
 
