@@ -528,7 +528,7 @@ class RedisJobSource:
         k = self.keys
 
         def fill(pipe: Pipeline) -> None:
-            pipe.delete(k.worker(self.name))
+            pipe.delete(k.worker(self.name), k.woke(self.name))
             pipe.srem(k.workers, self.name)
             pipe.xpending_range(k.jobs, GROUP, "-", "+", 1, consumername=self.name)
 
