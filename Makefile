@@ -4,6 +4,10 @@ PY := $(VENV)/bin/python
 # The CPU build of torch for the trainer's tests; on a GPU machine install your CUDA build first.
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= test,redis,trainer,tracking,loadtest
+# verl, whose own sandbox-fusion code tests/clients runs unchanged: without its dependencies
+# (vLLM, flash-attn, its numpy<2 pin); the light ones its reward and tool code imports are in
+# the test extra.
+VERL_SPEC ?= verl==0.7.1
 
 .PHONY: install test lint serve bench clean test-vllm-cpu image test-image
 
@@ -12,6 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	$(PY) -m pip install -q --no-deps "$(VERL_SPEC)"
 	touch $@
 
 install: $(VENV)/.installed

@@ -75,12 +75,22 @@ PATHS = frozenset({"/run_code", "/run_jupyter", "/v1/ping"})  # sandboxfusion_te
 NAMES = {"timeout_s": "run_timeout", "memory_mb": "memory_limit_MB"}
 
 
+# verl's clients send null for a limit they leave unset (``default_compute_score`` passes
+# ``memory_limit_mb=None`` down to the payload): null means the default, as -1 does.
+RUN_TIMEOUT_S = 10.0
+NOTEBOOK_TIMEOUT_S = 45.0
+
+
 class RunCodeRequest(BaseModel):
-    compile_timeout: JsonFloat = Field(
+    compile_timeout: JsonFloat | None = Field(
         10, description="Ignored: a compile's limits are its language's (30 s for cpp and java)."
     )
-    run_timeout: JsonFloat = Field(10, description="Wall-clock limit in seconds.")
-    memory_limit_MB: JsonInt = Field(-1, description="Memory limit; -1: the server's default.")
+    run_timeout: JsonFloat | None = Field(
+        RUN_TIMEOUT_S, description="Wall-clock limit in seconds; null: 10."
+    )
+    memory_limit_MB: JsonInt | None = Field(
+        -1, description="Memory limit; -1 or null: the server's default."
+    )
     code: str
     stdin: str | None = None
     language: str = Field(description="python, cpp, java or nodejs.")
@@ -112,9 +122,15 @@ class RunCodeResponse(BaseModel):
 
 class RunJupyterRequest(BaseModel):
     cells: list[str]
-    cell_timeout: JsonFloat = Field(0, description="Limit of each cell in seconds; 0: none.")
-    total_timeout: JsonFloat = Field(45, description="Limit of the whole run in seconds.")
-    memory_limit_MB: JsonInt = -1
+    cell_timeout: JsonFloat | None = Field(
+        0, description="Limit of each cell in seconds; 0 or null: none."
+    )
+    total_timeout: JsonFloat | None = Field(
+        NOTEBOOK_TIMEOUT_S, description="Limit of the whole run in seconds; null: 45."
+    )
+    memory_limit_MB: JsonInt | None = Field(
+        -1, description="Memory limit; -1 or null: the server's default."
+    )
     kernel: Literal["python3"] = "python3"
     files: dict[str, str] = {}
     fetch_files: list[str] = []
@@ -136,12 +152,15 @@ class RunJupyterResponse(BaseModel):
     files: dict[str, str] = {}
 
 
-def _limits(request: Request, timeout_s: float, memory_limit_mb: int) -> dict[str, Any]:
+def _limits(
+    request: Request, timeout_s: float | None, memory_limit_mb: int | None, default_s: float
+) -> dict[str, Any]:
     """SandboxFusion has no maxima, and its clients send their defaults (45 s for a notebook)
     explicitly: limits above this server's maxima are lowered to them, not refused."""
     settings = request.app.state.settings
-    fields: dict[str, Any] = {"timeout_s": min(timeout_s, settings.max_timeout_s)}
-    if memory_limit_mb > 0:  # otherwise unset: the server's default
+    timeout = default_s if timeout_s is None else timeout_s
+    fields: dict[str, Any] = {"timeout_s": min(timeout, settings.max_timeout_s)}
+    if memory_limit_mb is not None and memory_limit_mb > 0:  # otherwise the server's default
         fields["memory_mb"] = min(memory_limit_mb, settings.max_memory_mb)
     return fields
 
@@ -249,7 +268,7 @@ def _code_request(body: RunCodeRequest, request: Request) -> ExecuteRequest:
         stdin=body.stdin or "",
         language=language,
         files=files,
-        **_limits(request, body.run_timeout, body.memory_limit_MB),
+        **_limits(request, body.run_timeout, body.memory_limit_MB, RUN_TIMEOUT_S),
     )
 
 
@@ -329,14 +348,14 @@ async def run_jupyter(request: Request) -> Response:
             tenant_of(request),
             code="\n".join(body.cells),
             files=body.files,
-            **_limits(request, body.total_timeout, body.memory_limit_MB),
+            **_limits(request, body.total_timeout, body.memory_limit_MB, NOTEBOOK_TIMEOUT_S),
         )
     except Refused as exc:
         return json_response(RunJupyterResponse(status="SandboxError", message=str(exc)))
     nonce = new_nonce()
     cells = [Cell(c, Mode.repl.value, "") for c in body.cells]
     wrapped = program(
-        cells, nonce, notebook=True, fetch=body.fetch_files, cell_timeout_s=body.cell_timeout
+        cells, nonce, notebook=True, fetch=body.fetch_files, cell_timeout_s=body.cell_timeout or 0
     )
     ran = await _execute(request, native, wrapped, nonce)
     if isinstance(ran, Response):

@@ -106,6 +106,27 @@ def test_verl_shaped_request_and_reading(compat_service: ServiceProcess) -> None
     assert tool_text == "45\nwarn\n"
 
 
+def test_null_limits_mean_the_defaults(compat_service: ServiceProcess) -> None:
+    """verl's default_compute_score passes memory_limit_mb=None down to call_sandbox_api's
+    payload ("memory_limit_MB": null); a 422 there scored every code reward 0."""
+    verl_default = {
+        "compile_timeout": 10, "run_timeout": 10, "code": "print(input()[::-1])",
+        "stdin": "abc", "memory_limit_MB": None, "language": "python", "files": {},
+        "fetch_files": [],
+    }  # fmt: skip
+    all_null = {**verl_default, "compile_timeout": None, "run_timeout": None}
+    for body in (verl_default, all_null):
+        response = httpx.post(f"{compat_service.url}/run_code", json=body, timeout=30)
+        assert response.status_code == 200, response.text
+        answer = response.json()
+        assert answer["status"] == "Success" and answer["run_result"]["stdout"] == "cba\n"
+    notebook = {"cells": ["x = 6", "print(x * 7)"], "cell_timeout": None,
+                "total_timeout": None, "memory_limit_MB": None}  # fmt: skip
+    response = httpx.post(f"{compat_service.url}/run_jupyter", json=notebook, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["cells"][1]["stdout"] == "42\n"
+
+
 @pytest.mark.parametrize(
     ("body", "words"),
     [
