@@ -11,13 +11,14 @@ read-only). See docs/SECURITY.md.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
 import resource
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -363,6 +364,53 @@ def kill_descendants(deadline: float) -> bool:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        time.sleep(0.001)
+
+
+def children_of_every_thread() -> list[int]:
+    """Direct children of this process, whichever of its threads is their parent: an orphan
+    is re-parented to any live thread of its subreaper, and each thread lists only its own."""
+    found: list[int] = []
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            found += [int(p) for p in read_small(f"/proc/self/task/{tid}/children").split()]
+    return found
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def kill_adopted_orphans(keep: Collection[int] = (), grace_s: float = 2.0) -> int:
+    """SIGKILL and reap the orphans this (subreaper) process adopted: its children in another
+    session than its own, except ``keep``; how many it killed.
+
+    Every execution leads a session of its own (``child.start``), and what it forks stays in
+    that session or makes another; what the service itself starts (its zygotes) stays in the
+    service's. Killing a process re-parents its own children here, so this repeats until none
+    is left, or ``grace_s`` has passed. Each is reaped by its pid, never ``waitpid(-1)``, which
+    would take the exit statuses asyncio waits for."""
+    own = os.getsid(0)
+    deadline = time.monotonic() + grace_s
+    killed: set[int] = set()
+    while True:
+        orphans = [
+            pid
+            for pid in children_of_every_thread()
+            if pid not in keep and _session_of(pid) not in (own, None)
+        ]
+        if not orphans or time.monotonic() > deadline:
+            return len(killed)
+        for pid in orphans:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        for pid in orphans:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
         time.sleep(0.001)
 
 

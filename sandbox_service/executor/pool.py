@@ -12,6 +12,7 @@ import logging
 import os
 from typing import Any
 
+from sandbox_service.executor import isolation as iso
 from sandbox_service.executor import uids
 from sandbox_service.executor.imports import imports_only_stdlib, stdlib_only
 from sandbox_service.executor.protocol import IsolationReport, StartReport, ZygoteConfig
@@ -209,6 +210,8 @@ class SlotPool:
 
     async def stop(self) -> None:
         await asyncio.gather(*(s.stop() for s in self.zygotes), return_exceptions=True)
+        if any(s.sweeps for s in self.zygotes):
+            iso.kill_adopted_orphans()  # the last sweep: whatever a zygote's exit left us
         if self.uids is not None:
             self.uids.release()  # the zygotes of these uids are gone
 

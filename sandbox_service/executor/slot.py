@@ -177,6 +177,7 @@ class Slot:
         self.failures = 0
         self.last_error: str | None = None
         self.required: tuple[str, ...] = ()  # layers without which a start fails
+        self.sweeps = False  # this service adopts the orphans of a zygote that dies
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._running = False  # the zygote answered "ready" and has not died since
@@ -246,9 +247,21 @@ class Slot:
             why = "; ".join(f"{m}: {report.isolation.note(m)}" for m in missing)
             raise SlotStartError(f"slot {self.index}: required isolation unavailable: {why}")
         self.report = report
+        if not report.isolation.active("pid") and self._launch is launch_local:
+            self._adopt_orphans()  # a container's (docker backend) stay in the container
         self._running = True
         log.debug("slot %d ready: pid %s, %s", self.index, self.report.pid, self.report.isolation)
         return self.report
+
+    def _adopt_orphans(self) -> None:
+        """Without a pid namespace, what a zygote was running when it died would be re-parented
+        to init and run on: as a subreaper this service adopts it, and ``kill`` kills it."""
+        try:
+            iso.become_subreaper()
+        except OSError as exc:  # gVisor allows it only pid 1 (which adopts them anyway)
+            log.warning("slot %d: the orphans of a dead zygote stay running: %s", self.index, exc)
+            return
+        self.sweeps = True
 
     async def _exit_reason(self) -> str | None:
         """How the zygote ended before its first frame (its exit status or signal), if it did
@@ -375,6 +388,8 @@ class Slot:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGKILL)
             await self.proc.wait()
+        if self.sweeps:
+            iso.kill_adopted_orphans()  # what a dead zygote was running came back to us
         await self._remove_cgroup()
 
     async def _remove_cgroup(self) -> None:

@@ -248,6 +248,13 @@ class Zygote:
             artifact_index=index,
         )
 
+    def leave_nothing(self) -> None:
+        """Before this zygote exits: kill and reap whatever an execution left (after a failed
+        clean-up), which would otherwise be re-parented past it and run on."""
+        if self.confinement.uid and self.config.uid is not None:
+            iso.kill_all_of_uid(self.config.uid)
+        iso.kill_descendants(time.monotonic() + CLEANUP_GRACE_S)
+
 
 def serve(sock: socket.socket, zygote: Zygote) -> None:
     while True:
@@ -340,7 +347,10 @@ def main(argv: list[str]) -> None:
         print(f"zygote of slot {config.slot}: cannot start: {why}", file=sys.stderr)
         protocol.send(sock, StartFailure(why).frame())
         sys.exit(1)
-    serve(sock, zygote)
+    try:
+        serve(sock, zygote)
+    finally:
+        zygote.leave_nothing()
 
 
 if __name__ == "__main__":

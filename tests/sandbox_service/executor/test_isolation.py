@@ -225,3 +225,55 @@ def test_read_small_reads_a_file_whole(tmp_path: Path) -> None:
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
+
+
+def _sweep_a_subreaper() -> bytes:
+    """In a throwaway child, made a subreaper: a child of its own session, an orphan of a
+    setsid double-fork, and a child in a session of its own forked by another thread; what
+    ``kill_adopted_orphans`` killed, and who of them is alive after it."""
+    import json
+    import subprocess
+
+    from sandbox_service.executor import isolation as iso
+
+    iso.become_subreaper()
+    own = subprocess.Popen(["sleep", "60"])  # what the service starts: its own session
+    r, w = os.pipe()
+    if (pid := os.fork()) == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.write(w, str(os.getpid()).encode())
+            os.execv("/bin/sleep", ["sleep", "60"])
+        os._exit(0)
+    os.waitpid(pid, 0)
+    orphan = int(os.read(r, 32))
+    threaded: list[subprocess.Popen[bytes]] = []
+    done = threading.Event()
+
+    def fork_in_thread() -> None:
+        threaded.append(subprocess.Popen(["sleep", "60"], start_new_session=True))
+        done.wait()  # this thread stays its parent until the sweep is over
+
+    thread = threading.Thread(target=fork_in_thread)
+    thread.start()
+    while not threaded:
+        time.sleep(0.001)
+    adopted = orphan in iso.children_of_every_thread()
+    killed = iso.kill_adopted_orphans()
+    alive = [os.path.exists(f"/proc/{p}") for p in (orphan, threaded[0].pid)]
+    alive.append(own.poll() is None)
+    done.set()
+    thread.join()
+    own.kill()
+    own.wait()
+    return json.dumps({"adopted": adopted, "killed": killed, "alive": alive}).encode()
+
+
+def test_kill_adopted_orphans_spares_the_services_own_children() -> None:
+    import json
+
+    from sandbox_service.executor.isolation import in_throwaway_child
+
+    swept = json.loads(in_throwaway_child(_sweep_a_subreaper))
+    # the orphan came back to the subreaper; it and the other thread's child are gone
+    assert swept == {"adopted": True, "killed": 2, "alive": [False, False, True]}
