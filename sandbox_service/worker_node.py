@@ -57,7 +57,7 @@ class WorkerNode:
     async def _readyz(self) -> tuple[int, str, bytes]:
         why = "shutting down" if self.stopping else self.pool.not_ready()
         if why is None and not self.source.ready_to_work:
-            why = self.source.link.problem or f"Redis at {self.source.link.where} is unreachable"
+            why = self.source.link.problem or f"Redis at {self.source.link.where}: not reached yet"
         if why is None:
             return _json(200, {"status": "ready"})
         return _json(503, {"status": "not ready", "reason": why})
