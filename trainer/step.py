@@ -107,9 +107,9 @@ async def sample_groups(
             chosen, per_problem, policy, engines, runner, settings, scoring, meter
         )
 
-    if isinstance(backend, EngineGroup):
+    if isinstance(backend, EngineGroup):  # its ranks, whatever ``dp`` says (evaluation: none)
         groups = await backend.run(lambda engines: sample(problems, engines))
-        return dp.broadcast(groups) or []
+        return backend.dp.broadcast(groups) or []
     if not dp.distributed:
         return await sample(problems, backend)
     if backend.per_rank:

@@ -129,10 +129,14 @@ class Counted(ScriptedBackend):
 
 
 def sample(
-    tokenizer: PreTrainedTokenizerFast, dp: DataParallel, scheduling: SchedulerSettings | None
+    tokenizer: PreTrainedTokenizerFast,
+    dp: DataParallel,
+    scheduling: SchedulerSettings | None,
+    caller: DataParallel | None = None,
 ) -> tuple[list[Any], list[int], DriverMeter]:
     """The toy step's groups on an EngineGroup of this rank's engine: (each rollout's
-    response ids, grouped; the generate calls of this rank's engine; rank 0's meter)."""
+    response ids, grouped; the generate calls of this rank's engine; rank 0's meter).
+    ``caller``: the ranks the caller passes (evaluation passes none: SINGLE)."""
     engine = Counted(tokenizer, scripted_solver)
     group = EngineGroup(engine, dp)
     policy = Policy(None, tokenizer, torch.device("cpu"), None)  # type: ignore[arg-type]
@@ -147,7 +151,7 @@ def sample(
             SubprocessRunner(concurrency=2),
             settings,
             RewardConfig(),
-            dp,
+            dp if caller is None else caller,
             meter,
         )
     )
@@ -160,8 +164,10 @@ def rank_worker(rank: int, port: int, out: str, tokenizer: PreTrainedTokenizerFa
     torch.distributed.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2
     )
-    result = sample(tokenizer, DataParallel(rank, 2), SchedulerSettings("balanced"))
-    Path(f"{out}.{rank}").write_bytes(pickle.dumps(result))
+    dp = DataParallel(rank, 2)
+    result = sample(tokenizer, dp, SchedulerSettings("balanced"))
+    evaluation, _, _ = sample(tokenizer, dp, SchedulerSettings("balanced"), DataParallel())
+    Path(f"{out}.{rank}").write_bytes(pickle.dumps((*result, evaluation)))
     torch.distributed.barrier()
     sys.stdout.flush()
     os._exit(0)  # no C++ teardown (test_fsdp.leave_group says why)
@@ -177,11 +183,12 @@ def test_rank_zero_places_every_turn_on_both_ranks_engines(
         port = s.getsockname()[1]
     out = str(tmp_path / "rank")
     mp.spawn(rank_worker, args=(port, out, tokenizer), nprocs=2, join=True)
-    (groups0, calls0, meter0), (groups1, calls1, meter1) = (
+    (groups0, calls0, meter0, eval0), (groups1, calls1, meter1, eval1) = (
         pickle.loads(Path(f"{out}.{rank}").read_bytes()) for rank in (0, 1)
     )
     alone, _, _ = sample(tokenizer, DataParallel(), SchedulerSettings("balanced"))
     assert groups0 == groups1 == alone
+    assert eval0 == eval1 == alone  # called as evaluation calls it, every rank still gets them
     assert all(reward == 1.0 for group in alone for _, reward in group)  # the tool really ran
     assert calls0 and calls1 and sum(calls0) + sum(calls1) == 12  # two turns of six rollouts
     assert meter0.rollouts == 6 and len(meter0.engine_busy_s) == 2 and meter0.tool_wait_s > 0
