@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import pickle
+import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -236,20 +238,33 @@ class EngineGroup(GenerationBackend):
         self.local.update_weights(model, changed)
 
     async def run(
-        self, work: Callable[[list[GenerationBackend]], Awaitable[T]], host: str = "127.0.0.1"
+        self, work: Callable[[list[GenerationBackend]], Awaitable[T]], host: str | None = None
     ) -> T | None:
         """``work(engines)`` on rank 0 with every rank's engine (its own first), while the
-        other ranks serve theirs; rank 0's result, None elsewhere. Every rank calls it."""
+        other ranks serve theirs on ``host`` (default: :func:`reachable_host`); rank 0's
+        result, None elsewhere. Every rank calls it."""
         if not self.dp.distributed:
             return await work([self.local])
         server = None if self.dp.rank == 0 else EngineServer(self.local)
-        address = await server.start(host) if server is not None else None
+        address = await server.start(host or reachable_host()) if server is not None else None
         addresses = self.dp.all_gather(address)
         if server is not None:
             await server.finished()
             return None
         async with _remotes([a for a in addresses if a is not None]) as remotes:
             return await work([self.local, *remotes])
+
+
+def reachable_host() -> str:
+    """This node's address as rank 0 reaches it: the interface that routes to torchrun's
+    ``MASTER_ADDR`` (rank 0's node; a UDP socket's connect sends nothing), 127.0.0.1 alone."""
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((master, 9))
+        except OSError:
+            return "127.0.0.1"
+        return str(probe.getsockname()[0])
 
 
 @contextlib.asynccontextmanager

@@ -23,7 +23,14 @@ from transformers import PreTrainedTokenizerFast
 from trainer.backends.base import Generation, GenerationBackend, GenerationRequest, SamplingParams
 from trainer.backends.scripted import ScriptedBackend
 from trainer.config import RewardConfig
-from trainer.engines import EngineGroup, EngineServer, RemoteEngineError, RemoteKvEngine, connect
+from trainer.engines import (
+    EngineGroup,
+    EngineServer,
+    RemoteEngineError,
+    RemoteKvEngine,
+    connect,
+    reachable_host,
+)
 from trainer.modeling import Policy
 from trainer.parallel import DataParallel
 from trainer.placement import KvCapacity, SchedulerSettings
@@ -205,3 +212,13 @@ def test_the_driver_meter_counts_idle_engines_and_tool_wait(
     assert metrics["engines"] == 1 and meter.rollouts == 6
     assert 0 < metrics["engine_idle_s"] <= meter.wall_s
     assert metrics["engine_idle_s"] == pytest.approx(metrics["tool_wait_s"], rel=0.3)
+
+
+def test_servers_listen_where_rank_zero_can_reach_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On rank 0's node (MASTER_ADDR local or unset) the loopback; unroutable: the loopback."""
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    assert reachable_host() == "127.0.0.1"
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert reachable_host() == "127.0.0.1"
+    monkeypatch.setenv("MASTER_ADDR", "no-such-host.invalid")
+    assert reachable_host() == "127.0.0.1"
