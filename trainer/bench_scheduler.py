@@ -7,7 +7,9 @@ balanced scheduler with asynchronous tools, on one GRPO step's rollouts (issue 2
 What runs: a tiny Qwen2 built from a config (no downloads), taught the toy task's tool format
 by a short SFT on a few transcripts, so that it writes a tool call, reads the result and
 answers; ``--engines`` vLLM engines of it (vLLM's CPU build, each its own engine-core
-process); an embedded sandbox service that executes every call. Each repeat runs both setups
+process; with ``--served`` every engine after the first is hosted by a child process and
+served on a socket, as a rank serves its engine to rank 0 with ``rollout.engines: shared``);
+an embedded sandbox service that executes every call. Each repeat runs both setups
 on the same ``--prompts`` problems, ``--group`` rollouts each, at temperature 1, the order of
 the two alternating, every engine's prefix cache emptied before each, after one unmeasured
 run of each to warm the engines up:
@@ -31,18 +33,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import multiprocessing
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trainer.backends.base import GenerationBackend
 from trainer.backends.vllm import VLLMBackend
 from trainer.config import RewardConfig, SftConfig, TinyModelConfig, VllmConfig
+from trainer.engines import EngineServer, connect
 from trainer.modeling import Policy
 from trainer.placement import SchedulerSettings
 from trainer.problems import Problem
@@ -77,29 +85,92 @@ def teach(transcripts: int, steps: int, seed: int) -> Policy:
     return policy
 
 
-def start_engines(policy: Policy, count: int, directory: Path) -> list[VLLMBackend]:
-    """``count`` vLLM engines of ``policy``, seeded apart."""
+def engine(directory: Path, seed: int) -> VLLMBackend:
+    """A vLLM engine of the model saved in ``directory``."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per engine; the default is 4
-    policy.save(directory)  # with its tokenizer
-    return [
-        VLLMBackend(
-            VllmConfig(max_model_len=MAX_MODEL_LEN, enforce_eager=True, dtype="float32", seed=i),
-            str(directory),
-        )
-        for i in range(count)
-    ]
+    config = VllmConfig(max_model_len=MAX_MODEL_LEN, enforce_eager=True, dtype="float32", seed=seed)
+    return VLLMBackend(config, str(directory))
 
 
-def empty_caches(engines: Sequence[VLLMBackend]) -> None:
+def empty_cache(backend: VLLMBackend) -> None:
     """No setup starts with the prefixes another one left."""
-    for engine in engines:
-        assert engine.loop is not None
-        engine.loop.call(engine.engine.reset_prefix_cache())
+    assert backend.loop is not None
+    backend.loop.call(backend.engine.reset_prefix_cache())
+
+
+def serve_engine(directory: Path, seed: int, orders: Connection) -> None:
+    """A child process's engine, served on a socket (``trainer.engines``) for each ``serve``
+    order, its cache emptied for each ``empty``, until ``stop``."""
+    backend = engine(directory, seed)
+
+    async def sessions() -> None:
+        while (order := orders.recv()) != "stop":
+            if order == "empty":
+                empty_cache(backend)
+                orders.send("emptied")
+                continue
+            server = EngineServer(backend)
+            orders.send(await server.start())
+            await server.finished()
+
+    try:
+        orders.send("ready")
+        asyncio.run(sessions())
+    finally:
+        backend.close()
+
+
+class Engines:
+    """The bench's engines: all in this process (each vLLM engine is its own engine-core
+    process already), or, ``served``, the first here and each other one in a child process
+    that serves it on a socket, as a rank serves its engine to rank 0 (``trainer.engines``)."""
+
+    def __init__(self, directory: Path, count: int, served: bool) -> None:
+        self.local = [engine(directory, 0)] + (
+            [] if served else [engine(directory, i) for i in range(1, count)]
+        )
+        self.children: list[tuple[BaseProcess, Connection]] = []
+        context = multiprocessing.get_context("spawn")
+        for i in range(1, count) if served else ():
+            mine, theirs = context.Pipe()
+            child = context.Process(target=serve_engine, args=(directory, i, theirs))
+            child.start()
+            self.children.append((child, mine))
+        for _, pipe in self.children:
+            assert pipe.recv() == "ready"
+
+    def empty_caches(self) -> None:
+        for backend in self.local:
+            empty_cache(backend)
+        for _, pipe in self.children:
+            pipe.send("empty")
+        for _, pipe in self.children:
+            assert pipe.recv() == "emptied"
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[list[GenerationBackend]]:
+        """Every engine, for one step."""
+        remotes = []
+        for _, pipe in self.children:
+            pipe.send("serve")
+            remotes.append(await connect(*pipe.recv()))
+        try:
+            yield [*self.local, *remotes]
+        finally:
+            for remote in remotes:
+                await remote.end()
+
+    def close(self) -> None:
+        for backend in self.local:
+            backend.close()
+        for child, pipe in self.children:
+            pipe.send("stop")
+            child.join(timeout=60)
 
 
 async def one_step(
     scheduling: SchedulerSettings | None,
-    engines: Sequence[VLLMBackend],
+    engines: Sequence[GenerationBackend],
     policy: Policy,
     problems: Sequence[Problem],
     group: int,
@@ -124,7 +195,7 @@ async def one_step(
 
 
 async def compare(
-    engines: Sequence[VLLMBackend],
+    engines: Engines,
     policy: Policy,
     problems: Sequence[Problem],
     group: int,
@@ -135,12 +206,16 @@ async def compare(
     rows = []
     async with SandboxRunner(sandbox_url) as runner:
         for scheduling in SETUPS.values():  # warm up every engine, unmeasured
-            await one_step(scheduling, engines, policy, problems, group, runner)
+            async with engines.session() as step_engines:
+                await one_step(scheduling, step_engines, policy, problems, group, runner)
         for repeat in range(repeats):
             names = list(SETUPS) if repeat % 2 == 0 else list(reversed(SETUPS))
             for name in names:
-                empty_caches(engines)
-                result = await one_step(SETUPS[name], engines, policy, problems, group, runner)
+                engines.empty_caches()
+                async with engines.session() as step_engines:
+                    result = await one_step(
+                        SETUPS[name], step_engines, policy, problems, group, runner
+                    )
                 rows.append({"setup": name, "repeat": repeat, **result})
                 print(format_row(rows[-1]), flush=True)
     return rows
@@ -172,6 +247,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--group", type=int, default=4, help="rollouts per prompt")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--served", action="store_true", help="engines after the first in child processes, served"
+    )
     parser.add_argument("--sft-steps", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write every row and the summary here")
@@ -180,12 +258,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     policy = teach(8, args.sft_steps, args.seed)
     problems = toy_problems(args.prompts, seed=args.seed)
     with tempfile.TemporaryDirectory() as directory, start_embedded_service(slots=2) as url:
-        engines = start_engines(policy, args.engines, Path(directory) / "model")
+        policy.save(Path(directory))  # with its tokenizer
+        engines = Engines(Path(directory), args.engines, args.served)
         try:
             rows = asyncio.run(compare(engines, policy, problems, args.group, args.repeats, url))
         finally:
-            for engine in engines:
-                engine.close()
+            engines.close()
     result = summary(rows)
     print(json.dumps(result))
     if args.json is not None:
