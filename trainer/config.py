@@ -68,11 +68,15 @@ class RolloutConfig:
     # rounds: every rollout a turn, then all tool calls in one batch (reproducible on CPU);
     # static / balanced: each rollout at its own pace, tool calls sent as its turn ends, turns
     # on a fixed engine (static) or placed by free KV cache with prefix affinity (balanced).
-    # Under rounds, chunk_tokens, locality_wait_s and tool.batch_* are not used.
+    # What a scheduler does not read is refused when set (ignored_options).
     scheduler: Literal["rounds", "static", "balanced"] = "rounds"
     chunk_tokens: int | None = 1024  # balanced: new tokens per request (trainer/placement.py)
     locality_wait_s: float = 2.0  # balanced: wait for the engine holding the prefix, then move
     backend: Literal["hf", "vllm"] = "hf"  # vllm: the `vllm` section, GPUs and the gpu extra
+    # vllm colocated, several ranks: own: each rank's scheduler places its share of the groups
+    # on its own engine; shared: rank 0's places every turn on every rank's engine, the others
+    # serving theirs (trainer/engines.py)
+    engines: Literal["own", "shared"] = "own"
 
 
 @dataclass(frozen=True)
@@ -281,10 +285,12 @@ class TrainConfig:
             roc.min_positives + roc.min_negatives > self.rollout.group_size
         ):
             raise ValueError("roc.min_positives + roc.min_negatives: at most rollout.group_size")
-        if roc.variant == "release" and roc.min_penalty != RocConfig.min_penalty:
-            raise ValueError("roc.min_penalty: the sample variant's; the release sorts")
-        if self.loss.kl_coef == 0 and any(stage.reset_reference for stage in self.stages):
-            raise ValueError("stages[].reset_reference: there is no reference with loss.kl_coef 0")
+        ignored = ignored_options(self)
+        if ignored:
+            raise ValueError(
+                "options that would do nothing here (remove them, or choose what uses them): "
+                + "; ".join(f"{path}: {why}" for path, why in ignored)
+            )
         if self.eval.every < 0 or self.eval.k < 1:
             raise ValueError("eval.every: not negative; eval.k: at least 1")
         if self.eval.every and self.data.eval is None:
@@ -293,6 +299,53 @@ class TrainConfig:
     @property
     def total_steps(self) -> int:
         return sum(stage.steps for stage in self.stages)
+
+
+def ignored_options(config: TrainConfig) -> list[tuple[str, str]]:
+    """The options set away from their defaults that the rest of ``config`` leaves unread, each
+    with why: (path, reason). A run that sets one believes it changed something."""
+    out = _ignored_by_rollout(config)
+    if config.loss.kl_coef == 0:
+        out += [
+            (f"stages[{i}].reset_reference", "no reference policy with loss.kl_coef 0")
+            for i, stage in enumerate(config.stages)
+            if stage.reset_reference
+        ]
+    roc, default = config.roc, RocConfig()
+    if not roc.enabled:
+        selection = ("variant", "min_positives", "min_negatives", "min_penalty")
+        out += [
+            (f"roc.{name}", "roc.enabled false keeps G uniformly at random")
+            for name in _changed(roc, default, selection)
+        ]
+    elif roc.variant == "release" and roc.min_penalty != default.min_penalty:
+        out.append(("roc.min_penalty", "the release variant sorts by penalty, it does not weight"))
+    return out
+
+
+def _ignored_by_rollout(config: TrainConfig) -> list[tuple[str, str]]:
+    rollout, default = config.rollout, RolloutConfig()
+    out = []
+    if rollout.scheduler == "rounds":
+        out += [
+            (f"tool.{name}", "rollout.scheduler rounds sends a round's calls at once")
+            for name in _changed(config.tool, ToolConfig(), ("batch_size", "batch_timeout_s"))
+        ]
+    if rollout.scheduler != "balanced":
+        out += [
+            (f"rollout.{name}", f"only balanced placement reads it, not {rollout.scheduler}")
+            for name in _changed(rollout, default, ("chunk_tokens", "locality_wait_s"))
+        ]
+    elif rollout.backend == "hf" and rollout.chunk_tokens != default.chunk_tokens:
+        out.append(("rollout.chunk_tokens", "the hf backend reports no KV cache to chunk by"))
+    layout = (rollout.backend, config.vllm.layout)
+    if rollout.engines == "shared" and layout != ("vllm", "colocated"):
+        out.append(("rollout.engines", "only colocated vLLM engines are one per rank to share"))
+    return out
+
+
+def _changed(section: object, default: object, names: tuple[str, ...]) -> list[str]:
+    return [name for name in names if getattr(section, name) != getattr(default, name)]
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:

@@ -43,6 +43,14 @@ class DataParallel:
             out.extend(s[i] for s in shares if s is not None and i < len(s))
         return out
 
+    def all_gather(self, value: T) -> list[T]:
+        """Every rank's ``value``, in rank order."""
+        if not self.distributed:
+            return [value]
+        values: list[T | None] = [None] * self.world
+        dist.all_gather_object(values, value)
+        return values  # type: ignore[return-value]
+
     def broadcast(self, value: T, src: int = 0) -> T:
         """``value`` of rank ``src`` on every rank."""
         if not self.distributed:

@@ -23,6 +23,7 @@ and the ``<answer>`` tags of the model's own text.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -34,7 +35,7 @@ from trainer.backends.base import Generation, GenerationBackend, GenerationReque
 from trainer.chat import decode, tool_turn_text
 from trainer.placement import RolloutScheduler, SchedulerSettings
 from trainer.roc import RocSample
-from trainer.scheduler import run_async, run_in_rounds
+from trainer.scheduler import DriverMeter, metered, run_async, run_in_rounds
 from trainer.tool_dispatch import ToolDispatcher, ToolRunner
 from trainer.tools import (
     CALL_CLOSE,
@@ -123,21 +124,28 @@ async def generate_rollouts(
     tokenizer: PreTrainedTokenizerBase,
     runner: ToolRunner,
     settings: RolloutSettings,
+    meter: DriverMeter | None = None,
 ) -> list[Rollout]:
     """Run every prompt to the end; one rollout per prompt, in order. ``backend``: one engine
-    or several (rollouts are spread over them as ``settings.scheduler`` says)."""
+    or several (rollouts are spread over them as ``settings.scheduler`` says); ``meter``
+    records engine busy time and tool wait."""
     rollouts = [Rollout(prompt_ids=list(p)) for p in prompts]
     agents = [_Transcript(r, tokenizer, settings) for r in rollouts]
-    engines = [backend] if isinstance(backend, GenerationBackend) else list(backend)
+    served = [backend] if isinstance(backend, GenerationBackend) else list(backend)
+    engines = [metered(e) for e in served]
     params = SamplingParams(settings.temperature, settings.top_p, stop=(CALL_CLOSE,))
+    loop = asyncio.get_running_loop()
+    start = loop.time()
     if settings.scheduling is None:
-        await run_in_rounds(agents, engines, runner, params)
+        waited = await run_in_rounds(agents, engines, runner, params)
     else:
-        await run_async(
+        waited = await run_async(
             agents,
             RolloutScheduler(engines, params, settings.scheduling),
             ToolDispatcher(runner, settings.tool_batch_size, settings.tool_batch_timeout_s),
         )
+    if meter is not None:
+        meter.record(loop.time() - start, engines, waited, len(agents))
     return rollouts
 
 

@@ -6,8 +6,8 @@ each group (dropping groups with no reward contrast), advantages are normalised 
 
 With several data-parallel ranks (``parallel.DataParallel``) each rank with its own engine
 samples whole groups of its share of the problems, or rank 0 samples them all (a backend that
-is not ``per_rank``); every rank then holds every group, runs the same RoC with the same
-generator, and takes its share of the update.
+is not ``per_rank``; an ``EngineGroup``: on every rank's engine); every rank then holds every
+group, runs the same RoC with the same generator, and takes its share of the update.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from sandbox_service.models import Mode
 from trainer.backends.base import GenerationBackend
 from trainer.chat import prompt_text
 from trainer.config import RewardConfig, TrainConfig
+from trainer.engines import EngineGroup
 from trainer.grpo import group_advantages
 from trainer.modeling import Policy
 from trainer.parallel import SINGLE, DataParallel
@@ -31,6 +32,7 @@ from trainer.problems import Problem
 from trainer.reward import reward
 from trainer.roc import resample_on_correct
 from trainer.rollout import Rollout, RolloutSettings, ToolRunner, generate_rollouts
+from trainer.scheduler import DriverMeter
 from trainer.tool_runners import TimedRunner
 from trainer.tools import PromptStyle, user_prompt
 from trainer.update import Sample, grpo_update
@@ -52,16 +54,18 @@ async def sample_and_score(
     problems: Sequence[Problem],
     per_problem: int,
     policy: Policy,
-    backend: GenerationBackend,
+    backend: GenerationBackend | Sequence[GenerationBackend],
     runner: ToolRunner,
     settings: RolloutSettings,
     scoring: RewardConfig,
+    meter: DriverMeter | None = None,
 ) -> list[list[Scored]]:
-    """``per_problem`` scored rollouts of each problem, grouped by problem."""
+    """``per_problem`` scored rollouts of each problem, grouped by problem; ``backend``: one
+    engine or several, as ``generate_rollouts`` takes them."""
     prompts = [
         prompt_ids(policy, p, settings.prompt_style) for p in problems for _ in range(per_problem)
     ]
-    rollouts = await generate_rollouts(prompts, backend, policy.tokenizer, runner, settings)
+    rollouts = await generate_rollouts(prompts, backend, policy.tokenizer, runner, settings, meter)
     groups = []
     for g, problem in enumerate(problems):
         group = rollouts[g * per_problem : (g + 1) * per_problem]
@@ -91,19 +95,26 @@ async def sample_groups(
     settings: RolloutSettings,
     scoring: RewardConfig,
     dp: DataParallel = SINGLE,
+    meter: DriverMeter | None = None,
 ) -> list[list[Scored]]:
-    """``sample_and_score`` on every rank's engine (or rank 0's), the groups on every rank."""
+    """``sample_and_score`` on every rank's engine (or rank 0's), the groups on every rank.
+    An ``EngineGroup``: rank 0's scheduler places every turn on all ranks' engines."""
 
-    async def sample(chosen: Sequence[Problem]) -> list[list[Scored]]:
+    async def sample(
+        chosen: Sequence[Problem], engines: GenerationBackend | Sequence[GenerationBackend]
+    ) -> list[list[Scored]]:
         return await sample_and_score(
-            chosen, per_problem, policy, backend, runner, settings, scoring
+            chosen, per_problem, policy, engines, runner, settings, scoring, meter
         )
 
+    if isinstance(backend, EngineGroup):  # its ranks, whatever ``dp`` says (evaluation: none)
+        groups = await backend.run(lambda engines: sample(problems, engines))
+        return backend.dp.broadcast(groups) or []
     if not dp.distributed:
-        return await sample(problems)
+        return await sample(problems, backend)
     if backend.per_rank:
-        return dp.gather_shares(await sample(dp.share(problems)))
-    groups = await sample(problems) if dp.rank == 0 else None
+        return dp.gather_shares(await sample(dp.share(problems), backend))
+    groups = await sample(problems, backend) if dp.rank == 0 else None
     return dp.broadcast(groups) or []
 
 
@@ -199,6 +210,7 @@ async def rl_step(
     start = time.monotonic()
     per_problem = config.rollout.group_size * config.rollout.oversample
     tools = TimedRunner(ctx.runner)
+    meter = DriverMeter()  # this rank's driver (rank 0's places all turns of an EngineGroup)
     groups = await sample_groups(
         problems,
         per_problem,
@@ -208,6 +220,7 @@ async def rl_step(
         ctx.rollout,
         config.reward,
         ctx.dp,
+        meter,
     )
     ctx.backend.offload()
     rolled = time.monotonic()
@@ -242,6 +255,7 @@ async def rl_step(
     )
     metrics["time_rollout_s"] = rolled - start
     metrics["time_tool_s"] = tools.busy_s  # within time_rollout_s
+    metrics.update(meter.metrics())
     metrics["time_update_s"] = updated - rolled
     return metrics, groups
 

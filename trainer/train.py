@@ -36,6 +36,7 @@ from trainer.backends.base import GenerationBackend
 from trainer.backends.hf import HFBackend
 from trainer.checkpoint import TrainState, latest_checkpoint, load_training_state, save_checkpoint
 from trainer.config import StageConfig, TrainConfig, load_config, save_config
+from trainer.engines import EngineGroup
 from trainer.evaluate import correct_counts, eval_metrics, problems_of
 from trainer.modeling import Policy, load_policy
 from trainer.optim import build_optimizer, reset_optimizer_state
@@ -181,7 +182,8 @@ class Trainer:
 
         path = self.output / "rollout_model"
         self.host.save_pretrained(self.policy, path)
-        return VLLMBackend(config.vllm, str(path), self.dp)
+        engine = VLLMBackend(config.vllm, str(path), self.dp)
+        return EngineGroup(engine, self.dp) if config.rollout.engines == "shared" else engine
 
     async def run(self, runner: ToolRunner, max_steps: int | None) -> list[dict[str, Any]]:
         config, state = self.config, self.state

@@ -357,7 +357,8 @@ def test_asynchronous_rollouts_are_the_rounds_rollouts_for_a_deterministic_polic
 
 def test_the_config_chooses_the_scheduler() -> None:
     assert scheduler_settings(load_config(None)) is None  # rounds by default
-    config = load_config(None, {"rollout.scheduler": "balanced", "rollout.chunk_tokens": 512})
+    chunks = {"rollout.scheduler": "balanced", "rollout.chunk_tokens": 512}
+    config = load_config(None, {**chunks, "rollout.backend": "vllm"})
     assert scheduler_settings(config) == SchedulerSettings("balanced", 512, 2.0)
     assert rollout_settings(config, 4, 100).scheduling == SchedulerSettings("balanced", 512, 2.0)
     with pytest.raises(ValueError, match="chunk_tokens"):

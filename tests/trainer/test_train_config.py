@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import TrainConfig, load_config, save_config
+from trainer.config import TrainConfig, ignored_options, load_config, save_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
 
@@ -38,7 +38,7 @@ def test_the_recipe_config_has_the_reports_numbers() -> None:
         (False, False),
         (True, False),  # no KL term, so no reference to reset
     ]
-    assert config.rollout.scheduler == "balanced"
+    assert (config.rollout.scheduler, config.rollout.engines) == ("balanced", "shared")
     assert (config.eval.every, config.eval.k) == (5, 16)
 
 
@@ -120,11 +120,57 @@ def test_release_profile_is_the_release_script() -> None:
     assert config.prompt.style == "release"
 
 
-def test_options_that_would_do_nothing_are_refused() -> None:
-    with pytest.raises(ValueError, match="reset_reference"):
-        load_config(None, {"stages": [{"name": "a", "steps": 1, "reset_reference": True}]})
-    with pytest.raises(ValueError, match="min_penalty"):
-        load_config(None, {"roc": {"variant": "release", "min_penalty": 0.1}})
+@pytest.mark.parametrize(
+    ("overrides", "path"),
+    [
+        ({"tool.batch_size": 8}, "tool.batch_size"),
+        ({"tool.batch_timeout_s": 0.5}, "tool.batch_timeout_s"),
+        ({"rollout.chunk_tokens": 256}, "rollout.chunk_tokens"),
+        ({"rollout.chunk_tokens": None, "rollout.scheduler": "static"}, "rollout.chunk_tokens"),
+        ({"rollout.locality_wait_s": 0.5, "rollout.scheduler": "static"}, "locality_wait_s"),
+        ({"rollout.scheduler": "balanced", "rollout.chunk_tokens": 64}, "rollout.chunk_tokens"),
+        ({"stages": [{"name": "a", "steps": 1, "reset_reference": True}]}, "reset_reference"),
+        ({"roc.variant": "release", "roc.min_penalty": 0.1}, "roc.min_penalty"),
+        ({"roc.enabled": False, "roc.variant": "release"}, "roc.variant"),
+        ({"roc.enabled": False, "roc.min_positives": 2}, "roc.min_positives"),
+        ({"rollout.engines": "shared"}, "rollout.engines"),
+        (
+            {"rollout.engines": "shared", "rollout.backend": "vllm", "vllm.layout": "separate"},
+            "rollout.engines",
+        ),
+    ],
+)
+def test_options_that_would_do_nothing_are_refused(overrides: dict[str, object], path: str) -> None:
+    """An option set away from its default where nothing reads it is an error naming it."""
+    with pytest.raises(ValueError, match=f"do nothing here.*{path}: "):
+        load_config(None, overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"rollout.scheduler": "balanced", "tool.batch_size": 8, "rollout.locality_wait_s": 0.5},
+        {"rollout.scheduler": "balanced", "rollout.backend": "vllm", "rollout.chunk_tokens": 64},
+        {"rollout.scheduler": "static", "tool.batch_timeout_s": 0.5},
+        {"loss.kl_coef": 0.1, "stages": [{"name": "a", "steps": 1, "reset_reference": True}]},
+        {"roc.variant": "release", "roc.min_positives": 2},
+        {"roc.min_penalty": 0.1, "roc.min_negatives": 2},
+        {"roc.enabled": False, "roc.use_error_ratio": False},  # the logged penalties read it
+        {"rollout.engines": "shared", "rollout.backend": "vllm"},
+    ],
+)
+def test_the_same_options_where_they_are_read_are_taken(overrides: dict[str, object]) -> None:
+    assert ignored_options(load_config(None, overrides)) == []
+
+
+def test_every_reason_is_given_at_once() -> None:
+    with pytest.raises(ValueError) as caught:
+        load_config(None, {"tool.batch_size": 8, "rollout.locality_wait_s": 1.0})
+    assert "tool.batch_size: rollout.scheduler rounds" in str(caught.value)
+    assert "rollout.locality_wait_s: only balanced" in str(caught.value)
+
+
+def test_min_counts_beyond_the_group_are_refused() -> None:
     with pytest.raises(ValueError, match="min_positives"):
         load_config(
             None, {"rollout.group_size": 4, "roc": {"min_positives": 3, "min_negatives": 2}}

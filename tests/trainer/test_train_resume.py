@@ -32,7 +32,9 @@ MICRO = {
     "logging.progress": False,
 }
 REQUIRED = {"step", "loss", "reward_mean", "tool_calls", "tool_errors", "roc_kept", "clip_frac"}
+REQUIRED |= {"engines", "engine_idle_s", "tool_wait_s"}  # the rollout driver's measurements
 TIMING = {"time_rollout_s", "time_tool_s", "time_update_s", "time_push_s"}
+TIMING |= {"engine_idle_s", "engine_idle_frac", "tool_wait_s"}
 
 
 def model_weights(output: Path) -> dict[str, torch.Tensor]:

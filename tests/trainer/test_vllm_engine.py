@@ -6,7 +6,8 @@ push by CUDA IPC or NCCL, sleep mode) stays with ``trainer/scripts/gpu_smoke.sh`
 else the backend does is checked here on vLLM's own engine: token ids in, the engine on its
 own loop thread, stop strings kept, sampled-token logprobs equal to the trainer's, the KV
 capacity the engine reports, and whole multi-turn rollouts whose tool calls run in the
-embedded sandbox service, sent both in rounds and by the balanced scheduler in chunks.
+embedded sandbox service, sent both in rounds and by the balanced scheduler in chunks, on the
+engine and on the engine served over a socket (``trainer.engines``).
 
 The model is a tiny Qwen2 (head size 64: vLLM's CPU attention has no kernel for 16) that has
 memorised one toy transcript, so greedy decoding writes a tool call, then the answer.
@@ -131,6 +132,44 @@ def test_rollouts_call_the_tool_in_the_sandbox_then_answer(
         assert "<tool_response>" in text and "3745" in text  # print(89 * 42 + 7), really run
         model = [lp for lp, m in zip(rollout.logprobs, rollout.loss_mask, strict=True) if m]
         assert all(lp <= 0 for lp in model) and 0 in rollout.loss_mask
+
+
+def test_a_served_engine_runs_whole_rollouts_for_a_remote_scheduler(
+    policy: Policy, backend: object, sandbox_url: str
+) -> None:
+    """The engine behind ``trainer.engines``' socket (as a rank serves it to rank 0): the
+    balanced scheduler places chunked turns on the client by the KV cache the engine reports,
+    and the rollouts call the tool and answer as on the engine itself."""
+    from trainer.engines import EngineServer, RemoteKvEngine, connect
+    from trainer.tool_runners import SandboxRunner
+
+    engine = cast(GenerationBackend, backend)
+    settings = RolloutSettings(
+        max_turns=3,
+        max_response_tokens=200,
+        temperature=0.0,
+        scheduling=SchedulerSettings(chunk_tokens=8),
+    )
+
+    async def run() -> tuple[list, int]:
+        server = EngineServer(engine)
+        remote = await connect(*await server.start())
+        assert isinstance(remote, RemoteKvEngine)
+        assert remote.kv_capacity() == backend.kv_capacity()  # type: ignore[attr-defined]
+        async with SandboxRunner(sandbox_url) as runner:
+            prompts = [the_prompt(policy)] * 4
+            rollouts = await generate_rollouts(
+                prompts, [remote], policy.tokenizer, runner, settings
+            )
+        await remote.end()
+        await server.finished()
+        return rollouts, server.served
+
+    rollouts, served = asyncio.run(run())
+    assert served > 8  # two turns of four rollouts, in chunks of 8 tokens
+    for rollout in rollouts:
+        assert rollout.finish == "eos" and rollout.turns == 2 and rollout.tool_calls == 1
+        assert "3745" in decode(policy.tokenizer, rollout.response_ids)  # the tool really ran
 
 
 def test_sampled_tokens_logprobs_are_the_trainers(policy: Policy, backend: object) -> None:

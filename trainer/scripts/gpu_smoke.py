@@ -131,6 +131,7 @@ async def smoke(args: argparse.Namespace, times: dict[str, float]) -> dict[str, 
                 "max_turns": 4,
                 "scheduler": "balanced",
                 "chunk_tokens": 64,
+                "backend": "vllm",  # what it runs on (chunks are refused on the hf backend)
             },
             "optim": {"lr": 1e-3, "warmup_steps": 1, "weight_decay": 0.0},
             "tool": {"timeout_s": 5, "memory_mb": 512},
