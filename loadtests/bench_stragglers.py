@@ -153,6 +153,14 @@ def report(runs: list[Run]) -> list[dict[str, Any]]:
     return rows
 
 
+def finish(rows: list[dict[str, Any]], json_path: str | None) -> int:
+    """Write ``rows`` to ``json_path`` if given; the exit status: 1 if any answer was wrong."""
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 1 if any(row["wrong"] for row in rows) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--short", type=int, default=400)
@@ -180,10 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['config']:<14}{row['batch']:<12}{row['size']:>5}{row['wall_s']:>9.2f}"
               f"{row['exec_per_s']:>9.1f}{row.get('ideal_s', ''):>9}{row.get('vs_ideal', ''):>9}"
               f"{row['wrong']:>7}")  # fmt: skip
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 1 if any(row["wrong"] for row in rows) else 0
+    return finish(rows, args.json)
 
 
 if __name__ == "__main__":
