@@ -35,7 +35,7 @@ DEFAULT_PRELOAD = [
 ISOLATION_LAYERS = ("net", "ipc", "pid", "mount", "uid", "seccomp", "memory", "rlimits")
 
 CommaList = Annotated[list[str], NoDecode]
-SLOTS_PER_CORE = 4
+SLOTS_PER_CORE = 8
 
 
 def usable_cpus() -> int:
@@ -104,7 +104,7 @@ class Settings(BaseSettings):
         "runs when slots outnumber cores (a pod: its memory limit less the zygotes').",
     )
     straggler_after_s: float = Field(
-        default=0.5,
+        default=0.05,
         ge=0,
         description="An execution still running this long after its start gives its core back "
         "to the next job and runs on beside it; 0: it holds its core to the end.",

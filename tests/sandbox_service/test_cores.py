@@ -56,6 +56,50 @@ def test_with_zero_after_s_a_token_is_held_to_the_end() -> None:
     _run(main)
 
 
+def test_a_freed_token_goes_to_the_slot_that_waited_least() -> None:
+    """A stack, not a queue: the last slot to begin waiting finished last (its zygote is warm)."""
+
+    async def main() -> None:
+        cores = Cores(1, after_s=0)
+        await cores.take()
+        order: list[str] = []
+
+        async def wait(name: str) -> None:
+            await cores.take()
+            order.append(name)
+            cores.give()
+
+        first = asyncio.create_task(wait("first"))
+        await asyncio.sleep(0)
+        last = asyncio.create_task(wait("last"))
+        await asyncio.sleep(0)
+        cores.give()
+        await asyncio.gather(first, last)
+        assert order == ["last", "first"]
+        assert (cores.taken, cores._free) == (0, 1)
+
+    _run(main)
+
+
+def test_a_waiter_cancelled_after_its_token_came_passes_it_on() -> None:
+    async def main() -> None:
+        cores = Cores(1, after_s=0)
+        await cores.take()
+        other = asyncio.create_task(cores.take())
+        cancelled = asyncio.create_task(cores.take())
+        await asyncio.sleep(0)
+        cores.give()  # handed to ``cancelled``, the last to wait ...
+        cancelled.cancel()  # ... which is cancelled before it runs
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        await asyncio.wait_for(other, 1)  # the token was not lost
+        assert cores.taken == 1
+        cores.give()
+        assert cores._free == 1
+
+    _run(main)
+
+
 def _loop(slots: list[FakeSlot], source: FakeSource, cores: int, after_s: float) -> SlotLoop:
     config = Settings(max_queue_wait_s=30, canary_interval_s=0, cores=cores,
                       straggler_after_s=after_s)  # fmt: skip
