@@ -2,7 +2,10 @@
 
 The light zygote runs programs that import only the standard library, the full one the rest;
 programs that overlap in time land on different slots. So a batch of overlapping programs of
-both kinds reaches them all, and the per-zygote execution counts prove that it did.
+both kinds reaches them all, and the per-zygote execution counts prove that it did. They sleep
+long enough that all of them have started (two per ``straggler_after_s`` on two cores) before
+the first ends: a freed core goes to the slot that finished last, which would otherwise run
+the rest of the batch.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from sandbox_service.client import Retry, SandboxClient
 from sandbox_service.models import Status
 from sandbox_service.service_process import ServiceProcess, start
 
-LIGHT = "import time\ntime.sleep(0.3)\nprint(sum(range({n})))"
-FULL = "import numpy, time\ntime.sleep(0.3)\nprint(int(numpy.arange({n}).sum()))"
+LIGHT = "import time\ntime.sleep({s})\nprint(sum(range({n})))"
+FULL = "import numpy, time\ntime.sleep({s})\nprint(int(numpy.arange({n}).sum()))"
 # Placed on the full zygote (numpy) or the light one (standard library only).
 ZYGOTES = {"full": "import numpy\n", "light": ""}
 
@@ -30,8 +33,9 @@ def assert_every_slot_answers(client: SandboxClient, after: str) -> None:
     counts = {s.pid: s.executions for s in before.slots + before.light_slots}
     for _ in range(5):  # slots are given out by whoever is free first: retry until all ran
         n = len(before.slots)
-        codes = [LIGHT.format(n=100 + i) for i in range(n)] + [
-            FULL.format(n=100 + i) for i in range(n)
+        s = 0.3 + 0.05 * n
+        codes = [LIGHT.format(n=100 + i, s=s) for i in range(n)] + [
+            FULL.format(n=100 + i, s=s) for i in range(n)
         ]
         results = client.execute_batch(codes)
         for i, r in enumerate(results):
@@ -48,7 +52,7 @@ def assert_every_slot_answers(client: SandboxClient, after: str) -> None:
 
 def suite_slots() -> int:
     """The slots of the suite's shared services: 2, or ``SANDBOX_SECURITY_SLOTS`` (to run the
-    suite at the default's 4 per CPU, with core tokens apart from slots: issue 31). Modules
+    suite at the default's 8 per CPU, with core tokens apart from slots: issue 31). Modules
     that ask for one slot keep it: they need the next run on the same zygote."""
     return int(os.environ.get("SANDBOX_SECURITY_SLOTS", "2"))
 
