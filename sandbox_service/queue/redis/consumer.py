@@ -214,6 +214,8 @@ class RedisJobSource:
                 self.link.add_script(pipe, TAKE, names, args)
 
             *_, reply = await self.link.pipeline(wait_then_take)
+        elif self._settling:
+            reply = await self._settle_then_take(names, args)
         else:
             reply = await self.link.script(TAKE, names, args)
         kind = reply[0]
@@ -226,6 +228,41 @@ class RedisJobSource:
             self._hold(reply[1], _fields(reply[2]), float(reply[3]))
             return True
         return False
+
+    async def _settle_then_take(self, names: list[str], args: list[Any]) -> Any:
+        """The settlements waiting to be written, then a take, in one round trip: a job that
+        ends frees a slot, so its chunk's settle and the next take are due together (singles
+        under load: ~1 round trip per execution on the worker instead of 2). A settle that
+        fails goes back to the writer, which retries it."""
+        batch, self._settling = self._settling, []
+
+        def settle_then_take(pipe: Pipeline) -> None:
+            self._fill_settle(pipe, batch)
+            self.link.add_script(pipe, TAKE, names, args)
+
+        try:
+            *settled, reply = await self.link.pipeline(settle_then_take, each=True)
+        except BaseException:
+            self._unsettled(batch)
+            raise
+        failed = next((r for r in settled if isinstance(r, Exception)), None)
+        if failed is not None:
+            loop_failed(f"settling {len(batch)} chunks (retrying)", failed, logging.WARNING)
+            self._unsettled(batch)
+        else:
+            self._settled_now(batch)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def _unsettled(self, batch: list[Settlement]) -> None:
+        self._settling[:0] = batch
+        self._write_wake.set()
+
+    def _settled_now(self, batch: list[Settlement]) -> None:
+        for settlement in batch:
+            self._held.pop(settlement.chunk_id, None)  # type: ignore[arg-type]
+        self._keep_settled(batch)
 
     def _holding_a_retry(self) -> bool:
         """A job that was in the hands of a worker that vanished may be what killed it: while
@@ -373,6 +410,7 @@ class RedisJobSource:
         while not self._closed:
             await self._write_wake.wait()
             self._write_wake.clear()
+            await asyncio.sleep(0)  # a take due in this same tick carries them instead
             while self._settling:
                 batch, self._settling = self._settling, []
                 self._writing = True
@@ -387,9 +425,7 @@ class RedisJobSource:
                 finally:
                     self._writing = False
                 failures = 0
-                for settlement in batch:
-                    self._held.pop(settlement.chunk_id, None)  # type: ignore[arg-type]
-                self._keep_settled(batch)
+                self._settled_now(batch)
 
     def _keep_settled(self, batch: list[Settlement]) -> None:
         """Settlements of the last visibility timeout, to send again if Redis loses them:

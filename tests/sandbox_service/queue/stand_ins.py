@@ -20,6 +20,14 @@ def run(main: Callable[[], Awaitable[Any]]) -> Any:
     return asyncio.run(asyncio.wait_for(main(), 30))
 
 
+async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Poll ``condition`` until it holds (asserts it did within ``timeout_s``)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out waiting"
+        await asyncio.sleep(0.01)
+
+
 async def echo(source: JobSource, count: int, name: str = "echo") -> None:
     """A stand-in slot loop: answers ``count`` jobs with their code as stdout."""
     for _ in range(count):

@@ -32,6 +32,7 @@ from tests.sandbox_service.queue.stand_ins import (
     redis_settings,
     run,
     started_source,
+    until,
 )
 from tests.sandbox_service.redis_helpers import RedisServer
 
@@ -131,6 +132,52 @@ def test_an_idle_workers_wake_up_carries_its_chunk(redis_server: RedisServer,
         await source.done(job, ExecuteResult(status=Status.ok, stdout="1"))
         assert [r.stdout for r in await pending] == ["1"]
         assert await source.link.call("llen", queue.keys.bell) == 0  # the token was spent
+        await source.close()
+        await queue.close()
+
+    run(main)
+
+
+def test_a_finished_chunks_settle_rides_with_the_next_take(redis_server: RedisServer,
+                                                           prefix: str) -> None:  # fmt: skip
+    """A job that ends frees a slot: its settle and the take that refills the slot share one
+    round trip (under load: ~1 per execution on the worker, not 2)."""
+    settings = redis_settings(
+        redis_server, prefix, slots=1, heartbeat_interval_s=5, visibility_timeout_s=30
+    )  # fmt: skip (no heartbeat in the count)
+
+    async def main() -> None:
+        queue, source = await api_queue(settings), await started_source(settings)
+        first = asyncio.create_task(queue.submit([ExecuteRequest(code="a")]))
+        second = asyncio.create_task(queue.submit([ExecuteRequest(code="b")]))
+        a = await source.get()
+        assert a is not None
+        await until(lambda: len(source._unstarted) == 1)  # the next one, taken ahead
+        third = asyncio.create_task(queue.submit([ExecuteRequest(code="c")]))
+        await asyncio.sleep(0.2)  # in Redis, not yet taken: the slot's queue is full
+        sent: list[str] = []
+        pipeline, script = source.link.pipeline, source.link.script
+
+        async def counted_pipeline(*args: Any, **kwargs: Any) -> Any:
+            sent.append("pipeline")
+            return await pipeline(*args, **kwargs)
+
+        async def counted_script(*args: Any) -> Any:
+            sent.append("script")
+            return await script(*args)
+
+        source.link.pipeline = counted_pipeline  # type: ignore[method-assign]
+        source.link.script = counted_script  # type: ignore[method-assign,assignment]
+        await source.done(a, ExecuteResult(status=Status.ok, stdout="a"))
+        b = await source.get()  # as a slot does: at once, freeing room for one more
+        assert b is not None
+        assert [r.stdout for r in await first] == ["a"]
+        await until(lambda: len(source._unstarted) == 1)  # "c" came with a's settle
+        assert sent == ["pipeline"]
+        for job, done in ((b, second), (await source.get(), third)):
+            assert job is not None
+            await source.done(job, ExecuteResult(status=Status.ok, stdout=job.request.code))
+            assert [r.stdout for r in await done] == [job.request.code]
         await source.close()
         await queue.close()
 
