@@ -18,7 +18,7 @@ from typing import Any
 from sandbox_service.client import Retry, SandboxClient
 from sandbox_service.models import ExecuteResult, Status
 from sandbox_service.service_process import start
-from tests.security.every_slot import suite_slots
+from tests.security.every_slot import overlap_s, suite_slots
 
 # What a clean zygote shows a new execution: empty scratch directories (but the
 # interpreter's own entries, where it lives under /tmp), no IPC object, the standard
@@ -46,8 +46,15 @@ report = {
 }
 print(json.dumps(report))
 """
-FULL_PREFIX = "import numpy, time\ntime.sleep(0.2)\n"  # numpy: the full zygote
-LIGHT_PREFIX = "import time\ntime.sleep(0.2)\n"
+
+
+def full_prefix(slots: int) -> str:
+    """Runs on the full zygote (numpy), long enough to overlap a batch of two per slot."""
+    return f"import numpy, time\ntime.sleep({overlap_s(slots)})\n"
+
+
+def light_prefix(slots: int) -> str:
+    return f"import time\ntime.sleep({overlap_s(slots)})\n"
 
 
 def _problems(result: ExecuteResult, stdlib: str) -> tuple[int | None, list[str]]:
@@ -82,7 +89,7 @@ def every_zygote_is_clean(client: SandboxClient, timeout_s: float = 90.0) -> Non
     while seen != expected or rounds < 2:  # without slot uids, zygotes look alike: 2 rounds
         rounds += 1
         n = len(status.slots)
-        batch = [FULL_PREFIX + PROBE] * n + [LIGHT_PREFIX + PROBE] * len(status.light_slots)
+        batch = [full_prefix(n) + PROBE] * n + [light_prefix(n) + PROBE] * len(status.light_slots)
         for result in client.execute_batch(batch):
             uid, bad = _problems(result, stdlib)
             assert not bad, f"zygote of uid {uid} after the attack: {'; '.join(bad)}"

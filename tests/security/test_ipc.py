@@ -17,7 +17,8 @@ import pytest
 
 from sandbox_service.client import SandboxClient
 from sandbox_service.models import Status
-from tests.security.slots import FULL_PREFIX, LIGHT_PREFIX, attacked_service, every_zygote_is_clean
+from tests.security.every_slot import suite_slots
+from tests.security.slots import attacked_service, every_zygote_is_clean, full_prefix, light_prefix
 
 IPC = """
 import ctypes, os
@@ -82,7 +83,7 @@ for name in ('/dev/mqueue',):
         found.append(name + ': ' + str(os.listdir(name)))
 print('FOUND' if found else 'NOTHING', found)
 """
-KINDS = {"full": FULL_PREFIX, "light": LIGHT_PREFIX}
+KINDS = {"full": full_prefix(suite_slots()), "light": light_prefix(suite_slots())}
 HOST_KEY = 0x21AC
 
 
@@ -108,7 +109,7 @@ def _look_everywhere(client: SandboxClient) -> list[str]:
     """Run the look-up on every zygote of every slot at once; what each found."""
     n = len(client.status().slots)
     look = IPC + f"HOST_KEY = {HOST_KEY}\n" + LOOK
-    batch = [FULL_PREFIX + look] * n + [LIGHT_PREFIX + look] * n
+    batch = [full_prefix(n) + look] * n + [light_prefix(n) + look] * n
     results = client.execute_batch(batch)
     assert all(r.status is Status.ok for r in results), [r.stderr[-300:] for r in results]
     return [r.stdout for r in results if not r.stdout.startswith("NOTHING")]
@@ -131,7 +132,7 @@ def test_a_running_execution_is_invisible_to_the_other_slots(kind: str,
     holder = KINDS[kind] + IPC + "".join(PLANT.values()) + "import time; time.sleep(3)\n"
     look = IPC + f"HOST_KEY = {HOST_KEY}\nimport time; time.sleep(0.5)\n" + LOOK
     n = len(client.status().slots)
-    results = client.execute_batch([holder] + [FULL_PREFIX + look, LIGHT_PREFIX + look] * n)
+    results = client.execute_batch([holder] + [full_prefix(n) + look, light_prefix(n) + look] * n)
     assert results[0].stdout.count("planted") == len(PLANT), results[0].stderr[-500:]
     assert [r.stdout[:7] for r in results[1:]] == ["NOTHING"] * 2 * n, [r.stdout for r in results]
     every_zygote_is_clean(client)
