@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from pydantic_core import PydanticUndefined
 
 from sandbox_service.models import ExecuteRequest, ExecuteResult, Mode, Status
-from sandbox_service.settings import Settings
+from sandbox_service.settings import SLOTS_PER_CORE, Settings
 from sandbox_service.tenants import (
     NUMBERS,
     KeyFileError,
@@ -53,13 +53,15 @@ def _default_text(name: str) -> str:
     elif field.default_factory is not None:
         value = field.default_factory()  # type: ignore[call-arg]
         if name in ("slots", "cores"):
-            return {"slots": "4 per CPU", "cores": "number of CPUs"}[name]
+            return {"slots": f"{SLOTS_PER_CORE} per CPU", "cores": "number of CPUs"}[name]
     else:
         return "required"
     if isinstance(value, list):
         return ",".join(value) or "none"
     if name == "warmup":
         return "common sympy and numpy calls"
+    if name == "memory_budget_mb" and value is None:
+        return "what this process may use, less the zygotes'"
     return repr(value) if isinstance(value, str) else str(value)
 
 

@@ -36,6 +36,11 @@ ISOLATION_LAYERS = ("net", "ipc", "pid", "mount", "uid", "seccomp", "memory", "r
 
 CommaList = Annotated[list[str], NoDecode]
 SLOTS_PER_CORE = 8
+# A slot's full and light zygotes and launchers, ~82 MB PSS together (docs/benchmarks.md,
+# "Stragglers"), and the API process with the rest: what the automatic memory budget keeps back.
+ZYGOTE_MB = 96
+SERVICE_MB = 512
+MIN_MEMORY_BUDGET_MB = 256
 
 
 def usable_cpus() -> int:
@@ -44,6 +49,22 @@ def usable_cpus() -> int:
     cpus = len(os.sched_getaffinity(0)) or 1
     quota = _cpu_quota()
     return max(1, min(cpus, math.ceil(quota))) if quota else cpus
+
+
+def usable_memory_mb(root: str = "/sys/fs/cgroup", meminfo: str = "/proc/meminfo") -> int:
+    """The memory this process may use: its cgroup's limit (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``) where one is set, else the machine's ``MemTotal``."""
+    with open(meminfo) as f:
+        total = next(int(line.split()[1]) // 1024 for line in f if line.startswith("MemTotal:"))
+    for path in (f"{root}/memory.max", f"{root}/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            return min(total, int(limit) // (1024 * 1024))  # v1's "no limit" is a huge number
+    return total
 
 
 def _cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
@@ -96,12 +117,14 @@ class Settings(BaseSettings):
         "process), by at most this many times timeout_s; 0: the limit is wall clock, as "
         "requested. Exact for programs starved by stragglers, but hung ones then last longer.",
     )
-    memory_budget_mb: int = Field(
-        default=0,
+    memory_budget_mb: int | None = Field(
+        default=None,
         ge=0,
         description="The memory_mb of the executions running at once, summed, stays under this "
-        "(a job waits until enough is free); 0: no bound. Set it to what the node can give its "
-        "runs when slots outnumber cores (a pod: its memory limit less the zygotes').",
+        "(a job waits until enough is free); 0: no bound. Unset: the memory this process may "
+        f"use (its cgroup's limit, else the machine's) less {ZYGOTE_MB} MB per slot for the "
+        f"zygotes and {SERVICE_MB} MB for the rest, so that slots above cores cannot together "
+        "ask for more than the node has.",
     )
     straggler_after_s: float = Field(
         default=0.05,
@@ -317,6 +340,13 @@ class Settings(BaseSettings):
                 f"unknown isolation layer(s) {unknown}; known: {', '.join(ISOLATION_LAYERS)}"
             )
         return value
+
+    def memory_budget(self) -> int:
+        """``memory_budget_mb``, or the automatic one where it is unset (0: no bound)."""
+        if self.memory_budget_mb is not None:
+            return self.memory_budget_mb
+        spare = usable_memory_mb() - self.slots * ZYGOTE_MB - SERVICE_MB
+        return max(MIN_MEMORY_BUDGET_MB, spare)
 
     # ---- Sessions and compatibility fronts (session_replay, api/sandboxfusion, api/codejudge)
     session_ttl_s: float = Field(

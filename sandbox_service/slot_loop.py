@@ -74,7 +74,7 @@ class SlotLoop:
         self.name = name
         self.executions = 0
         self.cores = Cores(settings.cores, settings.straggler_after_s)
-        self.memory = MemoryBudget(settings.memory_budget_mb)
+        self.memory = MemoryBudget(settings.memory_budget())
         self.compiler = Compiler(settings.compile_cache_mb * 1024 * 1024)  # shared by the slots
         self._tasks: list[asyncio.Task[None]] = []
         self._supervisors: list[asyncio.Task[None]] = []

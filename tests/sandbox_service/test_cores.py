@@ -14,13 +14,22 @@ from typing import cast
 
 import pytest
 
+from sandbox_service import settings as settings_module
 from sandbox_service.cores import Cores, MemoryBudget
 from sandbox_service.executor import monitor
 from sandbox_service.executor.pool import SlotPool
 from sandbox_service.executor.protocol import Outcome
 from sandbox_service.executor.zygote import _runqueue_wait_s
 from sandbox_service.metrics import Metrics
-from sandbox_service.settings import Settings, _cpu_quota, usable_cpus
+from sandbox_service.settings import (
+    MIN_MEMORY_BUDGET_MB,
+    SERVICE_MB,
+    ZYGOTE_MB,
+    Settings,
+    _cpu_quota,
+    usable_cpus,
+    usable_memory_mb,
+)
 from sandbox_service.slot_loop import SlotLoop
 from tests.sandbox_service.test_slot_loop import FakePool, FakeSlot, FakeSource, _echo, _job, _run
 
@@ -251,3 +260,28 @@ def test_a_request_larger_than_the_budget_waits_for_all_of_it_and_no_budget_neve
         assert await MemoryBudget(0).reserve(10_000) == 0
 
     _run(main)
+
+
+def test_the_usable_memory_is_the_cgroups_limit_where_one_is_set(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       8388608 kB\nMemFree:        1024 kB\n")  # 8 GiB
+    root = tmp_path / "cgroup"
+    root.mkdir()
+    assert usable_memory_mb(str(root), str(meminfo)) == 8192  # no controller files
+    (root / "memory.max").write_text("max\n")
+    assert usable_memory_mb(str(root), str(meminfo)) == 8192
+    (root / "memory.max").write_text(f"{4 << 30}\n")  # a Kubernetes limit of 4 GiB
+    assert usable_memory_mb(str(root), str(meminfo)) == 4096
+    (root / "memory.max").unlink()
+    (root / "memory").mkdir()
+    (root / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1: none
+    assert usable_memory_mb(str(root), str(meminfo)) == 8192
+
+
+def test_an_unset_memory_budget_keeps_the_zygotes_share_back(monkeypatch: pytest.MonkeyPatch,
+                                                              ) -> None:  # fmt: skip
+    monkeypatch.setattr(settings_module, "usable_memory_mb", lambda: 4096)
+    assert Settings(slots=16).memory_budget() == 4096 - 16 * ZYGOTE_MB - SERVICE_MB
+    assert Settings(slots=64).memory_budget() == MIN_MEMORY_BUDGET_MB  # never nothing
+    assert Settings(slots=16, memory_budget_mb=0).memory_budget() == 0  # 0: no bound
+    assert Settings(slots=16, memory_budget_mb=1000).memory_budget() == 1000
