@@ -20,9 +20,11 @@ class Cores:
     """``count`` tokens; ``stragglers``: executions now past ``after_s`` (tokens given back).
 
     A freed token goes to the slot that began waiting last (a stack, not a queue): that is the
-    slot that finished most recently, whose zygote's pages are still in the CPU's caches. With
-    16 slots on 2 cores a first-come queue cycled every zygote, and short programs ran ~7 %
-    slower than on 8 slots (loadtests.bench_sandboxfusion, 2026-12-06).
+    slot that finished most recently, whose zygote's pages are still in the CPU's caches: a
+    400-program batch on 16 slots ran on 3 of the 32 zygotes, where a first-come queue cycled
+    them all. Short programs on 16 slots, 2 cores (loadtests.bench_sandboxfusion, 2026-12-06):
+    284-314/s first-come, 307-333/s this way; the mixed batch of bench_stragglers showed no
+    difference beyond its noise.
     """
 
     def __init__(self, count: int, after_s: float) -> None:
