@@ -43,6 +43,7 @@ from loadtests.bench_stragglers import (
     spinning,
     spread,
 )
+from loadtests.report import percentile
 from loadtests.workloads import Context, Item, trivial_sum
 from sandbox_service.service_process import start
 
@@ -88,13 +89,6 @@ def outcome(response: dict[str, Any]) -> tuple[str, str | None]:
 def correct(item: Item, response: dict[str, Any]) -> bool:
     status, stdout = outcome(response)
     return item.check({"status": status, "stdout": stdout})
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The nearest-rank ``q`` percentile (0 < q <= 100)."""
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(rank) - 1]
 
 
 @dataclass
@@ -145,7 +139,7 @@ def measure(urls: dict[str, str], work: dict[str, list[Item]], count: int,
             for name, items in work.items():
                 wall, latencies, wrong = asyncio.run(send(urls[system], items, concurrency))
                 runs.append(Run(system, name, number, len(items), wall,
-                                percentile(latencies, 99), wrong))  # fmt: skip
+                                percentile(sorted(latencies), 0.99) or 0.0, wrong))  # fmt: skip
     return runs
 
 

@@ -42,11 +42,11 @@ def test_batches_have_issue_31s_shape() -> None:
     assert {bench.run_code_body(item)["run_timeout"] for item in work["hung"]} == {1.0}
 
 
-def test_percentile_is_nearest_rank() -> None:
+def test_the_p99_it_reports_is_nearest_rank() -> None:
     values = [float(v) for v in range(1, 101)]
-    assert bench.percentile(values, 99) == 99.0
-    assert bench.percentile(values[:16], 99) == 16.0
-    assert bench.percentile([5.0], 50) == 5.0
+    assert bench.percentile(values, 0.99) == 99.0
+    assert bench.percentile(values[:16], 0.99) == 16.0
+    assert bench.percentile([5.0], 0.50) == 5.0
 
 
 def test_report_takes_the_ideal_from_the_same_system_and_round() -> None:
