@@ -37,7 +37,7 @@ CommandRunResult, RunJupyterRequest/Response, CellRunResult) and its ``parse_run
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -79,6 +79,9 @@ NAMES = {"timeout_s": "run_timeout", "memory_mb": "memory_limit_MB"}
 # ``memory_limit_mb=None`` down to the payload): null means the default, as -1 does.
 RUN_TIMEOUT_S = 10.0
 NOTEBOOK_TIMEOUT_S = 45.0
+MemoryLimitMB = Annotated[
+    JsonInt | None, Field(description="Memory limit; -1 or null: the server's default.")
+]
 
 
 class RunCodeRequest(BaseModel):
@@ -88,9 +91,7 @@ class RunCodeRequest(BaseModel):
     run_timeout: JsonFloat | None = Field(
         RUN_TIMEOUT_S, description="Wall-clock limit in seconds; null: 10."
     )
-    memory_limit_MB: JsonInt | None = Field(
-        -1, description="Memory limit; -1 or null: the server's default."
-    )
+    memory_limit_MB: MemoryLimitMB = -1
     code: str
     stdin: str | None = None
     language: str = Field(description="python, cpp, java or nodejs.")
@@ -128,9 +129,7 @@ class RunJupyterRequest(BaseModel):
     total_timeout: JsonFloat | None = Field(
         NOTEBOOK_TIMEOUT_S, description="Limit of the whole run in seconds; null: 45."
     )
-    memory_limit_MB: JsonInt | None = Field(
-        -1, description="Memory limit; -1 or null: the server's default."
-    )
+    memory_limit_MB: MemoryLimitMB = -1
     kernel: Literal["python3"] = "python3"
     files: dict[str, str] = {}
     fetch_files: list[str] = []
