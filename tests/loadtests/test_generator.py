@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections import Counter
 
 import httpx
 import pytest
@@ -67,8 +68,14 @@ def test_no_server_means_lost_once_the_run_stops() -> None:
     items = list(parse("trivial").items(3))
     recorder = _drive(target, items, Plan(3, concurrency=3, duration_s=0.5, drain_s=0.5))
     assert (recorder.sent, recorder.answered, recorder.lost) == (3, 0, 3)
-    [reason] = recorder.lost_reasons
-    assert reason.startswith("connect until the run stopped")
+    # The message of the last connect error is part of the reason, and a lane whose last
+    # attempt was still connecting at the hard stop is lost as unanswered at the stop (CI
+    # once showed two reasons among the three), so the reasons are counted by their kind.
+    kinds = Counter(
+        "connect" if r.startswith("connect until the run stopped") else r
+        for r in recorder.lost_reasons.elements()
+    )
+    assert kinds["connect"] >= 1 and set(kinds) <= {"connect", UNANSWERED_AT_STOP}
     assert target.retries["connect"] >= 3
 
 

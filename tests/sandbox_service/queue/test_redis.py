@@ -154,7 +154,11 @@ def test_a_finished_chunks_settle_rides_with_the_next_take(redis_server: RedisSe
         assert a is not None
         await until(lambda: len(source._unstarted) == 1)  # the next one, taken ahead
         third = asyncio.create_task(queue.submit([ExecuteRequest(code="c")]))
-        await asyncio.sleep(0.2)  # in Redis, not yet taken: the slot's queue is full
+        for _ in range(500):  # in Redis (a and b unsettled, c not taken: the slot is full)
+            if (await queue.cluster()).depth == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert (await queue.cluster()).depth == 3
         sent: list[str] = []
         pipeline, script = source.link.pipeline, source.link.script
 
