@@ -2,9 +2,10 @@
 
 ``concurrency`` executions are in flight at once: ``concurrency // batch`` lanes, each sending
 one batch, waiting for its answer, and sending the next, until ``count`` items are sent or
-``duration_s`` has passed. Answers still out then get ``drain_s`` more; whatever has no answer
-after that is counted lost, as is every batch the target could not get an answer for. Nothing
-runs unbounded: the whole run ends by ``duration_s + drain_s`` at the latest.
+``duration_s`` has passed (counted from when the target's clients are open). Answers still out
+then get ``drain_s`` more; whatever has no answer after that is counted lost, as is every batch
+the target could not get an answer for. Nothing runs unbounded: the whole run ends by
+``duration_s + drain_s`` after the clients open at the latest.
 
 Each answer is checked against its item's expectation; ``Recorder`` keeps the end-to-end
 latency, how much of it passed before the request was on the wire (waiting for or opening a
@@ -201,10 +202,12 @@ class Progress:
 async def drive(target: Target, items: Iterable[Item], plan: Plan, recorder: Recorder) -> None:
     """Send ``plan.count`` items (fewer if the duration runs out) and record every outcome."""
     source: Iterator[Item] = itertools.islice(iter(items), plan.count)
-    start = recorder.started
-    stop_sending = start + plan.duration_s
-    hard_stop = stop_sending + plan.drain_s
     size = min(plan.batch, plan.concurrency)
+    await target.open(plan.lanes)
+    # The duration counts from here, once the clients are open: on a stalled machine opening
+    # them could use up a short duration before any lane had sent.
+    stop_sending = time.monotonic() + plan.duration_s
+    hard_stop = stop_sending + plan.drain_s
 
     async def lane(index: int) -> None:
         while time.monotonic() < stop_sending:
@@ -226,7 +229,6 @@ async def drive(target: Target, items: Iterable[Item], plan: Plan, recorder: Rec
             for item, result in zip(batch, reply.results, strict=True):
                 recorder.answer(item, result, now - sent_at, now, send_wait)
 
-    await target.open(plan.lanes)
     try:
         tasks = [asyncio.create_task(lane(i), name=f"lane-{i}") for i in range(plan.lanes)]
         done, pending = await asyncio.wait(tasks, timeout=max(0.0, hard_stop - time.monotonic()))
