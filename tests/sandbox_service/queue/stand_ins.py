@@ -28,6 +28,15 @@ async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
+async def depth_reaches(queue: RedisQueue, depth: int) -> None:
+    """Wait until the cluster holds ``depth`` unsettled jobs (a submission is in Redis)."""
+    for _ in range(500):
+        if (await queue.cluster()).depth >= depth:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the cluster's depth never reached {depth}")
+
+
 async def echo(source: JobSource, count: int, name: str = "echo") -> None:
     """A stand-in slot loop: answers ``count`` jobs with their code as stdout."""
     for _ in range(count):

@@ -28,6 +28,7 @@ from sandbox_service.service_process import free_port
 from sandbox_service.settings import Settings
 from tests.sandbox_service.queue.stand_ins import (
     api_queue,
+    depth_reaches,
     echo,
     redis_settings,
     run,
@@ -154,11 +155,7 @@ def test_a_finished_chunks_settle_rides_with_the_next_take(redis_server: RedisSe
         assert a is not None
         await until(lambda: len(source._unstarted) == 1)  # the next one, taken ahead
         third = asyncio.create_task(queue.submit([ExecuteRequest(code="c")]))
-        for _ in range(500):  # in Redis (a and b unsettled, c not taken: the slot is full)
-            if (await queue.cluster()).depth == 3:
-                break
-            await asyncio.sleep(0.01)
-        assert (await queue.cluster()).depth == 3
+        await depth_reaches(queue, 3)  # c in Redis, not taken (the slot is full), a and b out
         sent: list[str] = []
         pipeline, script = source.link.pipeline, source.link.script
 
@@ -196,6 +193,7 @@ def test_same_id_runs_once_across_api_nodes(redis_server: RedisServer, prefix: s
         request = ExecuteRequest(code="once", id="k1")
         first = asyncio.create_task(a.submit([request, request]))
         second = asyncio.create_task(b.submit([request]))
+        await depth_reaches(a, 1)  # the first in Redis; then time for the others to join it
         await asyncio.sleep(0.2)
         assert (await a.cluster()).depth == 1  # three submissions, one job
         source = await started_source(settings)

@@ -21,10 +21,12 @@ from sandbox_service.settings import Settings
 from sandbox_service.tenants import Tenant
 from tests.sandbox_service.queue.stand_ins import (
     api_queue,
+    depth_reaches,
     echo,
     redis_settings,
     run,
     started_source,
+    until,
 )
 from tests.sandbox_service.redis_helpers import RedisServer
 
@@ -54,15 +56,14 @@ def test_quota_refuses_its_tenant_and_nobody_else(redis_server: RedisServer, pre
         queue = await api_queue(settings)
         small = Tenant("small", max_queued=3)
         pending = asyncio.create_task(queue.submit([ExecuteRequest(code="s")] * 3, small))
-        await asyncio.sleep(0.2)
+        await depth_reaches(queue, 3)
         with pytest.raises(QuotaExceeded, match="'small' is over its quota max_queued: 3 jobs"):
             await queue.submit([ExecuteRequest(code="s")], small)
         other = asyncio.create_task(queue.submit([ExecuteRequest(code="o")], Tenant("other")))
         source = await started_source(settings)
         await echo(source, 4)
         assert len(await pending) == 3 and (await other)[0].stdout == "o"
-        await asyncio.sleep(0.3)  # a sweep reads the per-tenant counts
-        assert queue.tenant_counts() == {}
+        await until(lambda: queue.tenant_counts() == {})  # a sweep reads the per-tenant counts
         await source.close()
         await queue.close()
 
