@@ -20,8 +20,6 @@ from sandbox_service.client import Retry, SandboxClient
 from sandbox_service.models import Status
 from sandbox_service.service_process import ServiceProcess, start
 
-LIGHT = "import time\ntime.sleep({s})\nprint(sum(range({n})))"
-FULL = "import numpy, time\ntime.sleep({s})\nprint(int(numpy.arange({n}).sum()))"
 # Placed on the full zygote (numpy) or the light one (standard library only).
 ZYGOTES = {"full": "import numpy\n", "light": ""}
 
@@ -33,9 +31,8 @@ def assert_every_slot_answers(client: SandboxClient, after: str) -> None:
     counts = {s.pid: s.executions for s in before.slots + before.light_slots}
     for _ in range(5):  # slots are given out by whoever is free first: retry until all ran
         n = len(before.slots)
-        s = overlap_s(n)
-        codes = [LIGHT.format(n=100 + i, s=s) for i in range(n)] + [
-            FULL.format(n=100 + i, s=s) for i in range(n)
+        codes = [light_prefix(n) + f"print(sum(range({100 + i})))" for i in range(n)] + [
+            full_prefix(n) + f"print(int(numpy.arange({100 + i}).sum()))" for i in range(n)
         ]
         results = client.execute_batch(codes)
         for i, r in enumerate(results):
@@ -55,6 +52,15 @@ def overlap_s(slots: int) -> float:
     once: a core token goes to the slot that finished last, so programs that end before the
     rest have started would bring the rest back to the same few zygotes."""
     return 0.3 + 0.05 * slots
+
+
+def full_prefix(slots: int) -> str:
+    """Runs on the full zygote (numpy), long enough to overlap a batch of two per slot."""
+    return f"import numpy, time\ntime.sleep({overlap_s(slots)})\n"
+
+
+def light_prefix(slots: int) -> str:
+    return f"import time\ntime.sleep({overlap_s(slots)})\n"
 
 
 def suite_slots() -> int:

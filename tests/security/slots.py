@@ -18,7 +18,7 @@ from typing import Any
 from sandbox_service.client import Retry, SandboxClient
 from sandbox_service.models import ExecuteResult, Status
 from sandbox_service.service_process import start
-from tests.security.every_slot import overlap_s, suite_slots
+from tests.security.every_slot import full_prefix, light_prefix, suite_slots
 
 # What a clean zygote shows a new execution: empty scratch directories (but the
 # interpreter's own entries, where it lives under /tmp), no IPC object, the standard
@@ -46,15 +46,6 @@ report = {
 }
 print(json.dumps(report))
 """
-
-
-def full_prefix(slots: int) -> str:
-    """Runs on the full zygote (numpy), long enough to overlap a batch of two per slot."""
-    return f"import numpy, time\ntime.sleep({overlap_s(slots)})\n"
-
-
-def light_prefix(slots: int) -> str:
-    return f"import time\ntime.sleep({overlap_s(slots)})\n"
 
 
 def _problems(result: ExecuteResult, stdlib: str) -> tuple[int | None, list[str]]:

@@ -17,8 +17,8 @@ import pytest
 
 from sandbox_service.client import SandboxClient
 from sandbox_service.models import Status
-from tests.security.every_slot import suite_slots
-from tests.security.slots import attacked_service, every_zygote_is_clean, full_prefix, light_prefix
+from tests.security.every_slot import full_prefix, light_prefix, suite_slots
+from tests.security.slots import attacked_service, every_zygote_is_clean
 
 IPC = """
 import ctypes, os
