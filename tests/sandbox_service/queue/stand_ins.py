@@ -4,6 +4,7 @@ against a test's own Redis and key prefix."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,21 +21,28 @@ def run(main: Callable[[], Awaitable[Any]]) -> Any:
     return asyncio.run(asyncio.wait_for(main(), 30))
 
 
-async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Poll ``condition`` until it holds (asserts it did within ``timeout_s``)."""
+async def until(condition: Callable[[], bool | Awaitable[bool]], timeout_s: float = 5.0,
+                what: str = "timed out waiting") -> None:  # fmt: skip
+    """Poll ``condition`` (a function, or an async one) until it holds; asserts it did within
+    ``timeout_s``, saying ``what``."""
     deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "timed out waiting"
+    while not await _holds(condition):
+        assert asyncio.get_running_loop().time() < deadline, what
         await asyncio.sleep(0.01)
+
+
+async def _holds(condition: Callable[[], bool | Awaitable[bool]]) -> bool:
+    held = condition()
+    return await held if inspect.isawaitable(held) else held
 
 
 async def depth_reaches(queue: RedisQueue, depth: int) -> None:
     """Wait until the cluster holds ``depth`` unsettled jobs (a submission is in Redis)."""
-    for _ in range(500):
-        if (await queue.cluster()).depth >= depth:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"the cluster's depth never reached {depth}")
+
+    async def reached() -> bool:
+        return (await queue.cluster()).depth >= depth
+
+    await until(reached, what=f"the cluster's depth never reached {depth}")
 
 
 async def echo(source: JobSource, count: int, name: str = "echo") -> None:
